@@ -1,0 +1,52 @@
+"""The piece endpoint shared by the origin and relays: verified bytes only, paced by the host's uplink."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from .ratelimit import RateLimiter
+from .store import VersionState
+
+log = logging.getLogger("broadcast.serving")
+MAX_VERSION = 10**12
+
+
+def parse_int(text: str, hi: int, what: str) -> int:
+    if not text.isdigit() or len(text) > 13 or int(text) > hi:
+        raise web.HTTPBadRequest(text=f"bad {what} {text[:20]!r}")
+    return int(text)
+
+
+async def serve_piece(
+    request: web.Request,
+    lookup: Callable[[int], Awaitable[VersionState | None]],
+    limiter: RateLimiter,
+    wait_timeout: float,
+) -> web.StreamResponse:
+    version = parse_int(request.match_info["version"], MAX_VERSION, "version")
+    st = await lookup(version)
+    if st is None:
+        raise web.HTTPNotFound(text=f"version {version} not held here")
+    index = parse_int(request.match_info["index"], len(st.pieces) - 1, "piece index")
+    # Pipelining: a child may ask for a piece we are still receiving; hold the request until it's verified.
+    if not await st.wait_piece(index, wait_timeout):
+        if st.abandoned:
+            raise web.HTTPNotFound(text=f"version {version} dropped here")
+        raise web.HTTPServiceUnavailable(text=f"piece {index} of v{version} not here yet")
+    ref = st.pieces[index]
+    resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    resp.content_length = ref.size
+    await resp.prepare(request)
+    try:
+        for chunk in st.read_chunks(index):
+            await limiter.acquire(len(chunk))
+            await resp.write(chunk)
+    except FileNotFoundError:
+        # Retention removed it mid-send; the child sees a short body and goes elsewhere.
+        log.info("v%d piece %d vanished while serving", version, index)
+        raise
+    await resp.write_eof()
+    return resp

@@ -1,0 +1,69 @@
+"""`swarm tree`: who serves whom in each tree, and who holds which version, from the tracker's /tree."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import aiohttp
+import msgspec
+
+from .messages import TreeView, decode
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tracker", required=True, help="origin/tracker URL")
+    parser.add_argument("--watch", type=float, default=0, help="refresh every N seconds")
+
+
+async def fetch_tree(tracker: str) -> TreeView:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+        async with s.get(tracker.rstrip("/") + "/tree") as r:
+            r.raise_for_status()
+            return decode(await r.content.read(1 << 20), TreeView)
+
+
+def render(tv: TreeView) -> str:
+    peers = {p.peer_id: p for p in tv.peers}
+
+    def label(pid: str) -> str:
+        p = peers[pid]
+        held = ",".join(f"v{v}" for v in p.complete) or "-"
+        prog = " ".join(f"v{v}:{n}pc" for v, n in p.progress.items())
+        tags = [] if p.relay else ["no-relay"]
+        return f"{p.name or pid} [{held}{' ' + prog if prog else ''}]{' ' + ','.join(tags) if tags else ''}"
+
+    lines = [f"origin {tv.origin}  latest=v{tv.latest}  serving={tv.versions}  trees={tv.trees} fanout={tv.fanout}"]
+    for t in range(tv.trees):
+        lines.append(f"tree {t} (pieces i with i mod {tv.trees} == {t}):")
+
+        def walk(pid: str, depth: int, t: int = t) -> None:
+            lines.append("  " * depth + "└─ " + label(pid))
+            for c in peers[pid].children[t]:
+                walk(c, depth + 1)
+
+        for c in tv.origin_children[t]:
+            walk(c, 1)
+    for b in tv.banned:
+        lines.append(f"BANNED {b.peer_id} {b.url}: {b.reason} (reported by {b.reporter})")
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace) -> int:
+    while True:
+        try:
+            print(render(await fetch_tree(args.tracker)), flush=True)
+        except (aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError) as e:
+            print(f"error: cannot read {args.tracker}/tree: {e}", flush=True)
+            if not args.watch:
+                return 1
+        if not args.watch:
+            return 0
+        await asyncio.sleep(args.watch)
+        print()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__)
+    add_arguments(p)
+    raise SystemExit(asyncio.run(run(p.parse_args())))
