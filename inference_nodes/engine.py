@@ -1,0 +1,100 @@
+"""A thin wrapper over one in-process vLLM engine: generate with logprobs, reload weights live.
+
+vLLM is imported lazily (it costs 10-20 s) and configured for what was measured on CPU machines
+(shared/notes/vllm-cpu.md): fp32, eager mode, an explicit KV-cache size, and the in-process engine.
+All calls must come from one thread at a time; the node runs them on a single-thread executor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenSample:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" or "length"
+
+
+def _is_cpu() -> bool:
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except ImportError:
+        return True
+
+
+class Engine:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        max_model_len: int = 256,
+        seed: int = 0,
+        kv_cache_bytes: int = 256 * 2**20,
+        dtype: str | None = None,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from vllm import LLM
+
+        cpu = _is_cpu()
+        t0 = time.perf_counter()
+        self.llm = LLM(
+            model=str(model_dir),
+            dtype=dtype or ("float32" if cpu else "bfloat16"),
+            enforce_eager=cpu,
+            max_model_len=max_model_len,
+            seed=seed,
+            kv_cache_memory_bytes=kv_cache_bytes if cpu else None,
+            # log_softmax(logits / T): the distribution the tokens were really sampled from
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.start_seconds = time.perf_counter() - t0
+        self.model_dir = Path(model_dir)
+
+    def generate(
+        self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float, seed: int | None = None
+    ) -> list[list[GenSample]]:
+        """For each prompt, n samples with each sampled token's log-prob."""
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(
+            n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=0, seed=seed
+        )
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        result = []
+        for out in outs:
+            group = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+                group.append(GenSample(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
+            result.append(group)
+        return result
+
+    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [[t for t in o.outputs[0].token_ids if t != self.eos_token_id] for o in outs]
+
+    def reload(self, weights_dir: str | Path) -> float:
+        """Load new weights from an HF directory of safetensors into the running engine; seconds taken."""
+        t0 = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+        # Cached prompt blocks were computed with the old weights: drop them or outputs are wrong.
+        self.llm.reset_prefix_cache()
+        self.model_dir = Path(weights_dir)
+        return time.perf_counter() - t0

@@ -1,0 +1,261 @@
+"""The inference node: register with the trainer, pull work, generate with vLLM, submit, follow versions.
+
+One asyncio loop does the I/O (a zmq DEALER to the trainer, HTTP for weights and the status page);
+every engine call runs on one dedicated thread, so generation never blocks heartbeats and the engine
+is never used from two threads at once. New versions are fetched, checked against their sha256
+manifest and loaded into the running engine, never by restarting it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import socket
+import time
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import zmq
+import zmq.asyncio
+from aiohttp import web
+
+from swarm import protocol as P
+from swarm.chat import encode_prompt
+from swarm.keys import KeyPair
+from swarm.weights import fetch_version, prune_versions
+
+log = logging.getLogger("swarm.node")
+
+
+class Node:
+    def __init__(
+        self,
+        trainer: str,
+        data_dir: str | Path,
+        name: str | None = None,
+        max_prompts: int = 16,
+        status_host: str = "127.0.0.1",
+        status_port: int = 0,
+        probe_prompt: str = "12+34",
+        keep_versions: int = 3,
+        seed: int = 0,
+    ):
+        self.trainer = trainer if "://" in trainer else f"tcp://{trainer}"
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.weights_dir = self.data_dir / "versions"
+        self.weights_dir.mkdir(exist_ok=True)
+        self.key = KeyPair.load_or_create(self.data_dir / "node.key")
+        self.node_id = self.key.public_hex
+        self.name = name or f"{socket.gethostname()}-{self.node_id[:8]}"
+        self.max_prompts = max_prompts
+        self.status_host, self.status_port = status_host, status_port
+        self.probe_prompt = probe_prompt
+        self.keep_versions = keep_versions
+        self.seed = seed
+
+        self.engine = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.loaded = -1
+        self.latest: P.WeightsInfo | None = None
+        self.registered: P.Registered | None = None
+        self.status = P.NodeStatus(
+            node_id=self.node_id, name=self.name, trainer=self.trainer, version_loaded=-1, versions_loaded=0,
+            restarts=0, tokens_generated=0, rollouts_submitted=0, rollouts_accepted=0, tokens_per_s=0.0,
+            probes={}, reload_seconds=[],
+        )
+        self._replies: asyncio.Queue = asyncio.Queue()
+        self._stop = asyncio.Event()
+        self.status_url = ""
+
+    # ---- engine calls, always on the engine thread ------------------------------------------------
+
+    async def _on_engine(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _start_engine(self, model_dir: Path) -> None:
+        from inference_nodes.engine import Engine
+
+        self.engine = Engine(model_dir, seed=self.seed)
+        self._probe_ids = encode_prompt(self.engine.tokenizer, self.probe_prompt)
+
+    async def _load(self, info: P.WeightsInfo, session: aiohttp.ClientSession) -> None:
+        """Fetch and verify `info`'s version, then start the engine on it or reload it live."""
+        path = await fetch_version(session, info.manifest_url, self.weights_dir, expect_version=info.version)
+        if self.engine is None:
+            await self._on_engine(self._start_engine, path)
+            log.info("engine started on version %d in %.1fs", info.version, self.engine.start_seconds)
+        else:
+            secs = await self._on_engine(self.engine.reload, path)
+            self.status.reload_seconds.append(round(secs, 4))
+            log.info("loaded version %d live in %.3fs", info.version, secs)
+        self.loaded = info.version
+        self.status.version_loaded = info.version
+        self.status.versions_loaded += 1
+        probe = await self._on_engine(self.engine.greedy, [self._probe_ids], 16)
+        self.status.probes[str(info.version)] = probe[0]
+        prune_versions(self.weights_dir, self.keep_versions)
+
+    # ---- zmq --------------------------------------------------------------------------------------
+
+    async def _send(self, msg: P.Message) -> None:
+        await self.sock.send(P.encode(msg))
+
+    async def _receiver(self) -> None:
+        """Route replies to whoever waits for them; act on notices at once."""
+        while not self._stop.is_set():
+            data = await self.sock.recv()
+            try:
+                msg = P.decode(data)
+            except P.ProtocolError as e:
+                log.warning("dropped a bad message from the trainer: %s", e)
+                continue
+            if isinstance(msg, P.VersionNotice):
+                if self.latest is None or msg.weights.version > self.latest.version:
+                    self.latest = msg.weights
+                    log.info("trainer announced version %d", msg.weights.version)
+            elif isinstance(msg, P.SubmissionResult):
+                self.status.rollouts_accepted += len(msg.accepted)
+                for aid, reason in msg.refused.items():
+                    log.warning("rollout %s refused: %s", aid, reason)
+            elif isinstance(msg, P.Error):
+                log.warning("trainer error %s: %s", msg.code, msg.message)
+                if msg.code == "unknown_node":
+                    self.registered = None  # the trainer restarted or forgot us: register again
+                await self._replies.put(msg)
+            else:
+                await self._replies.put(msg)
+
+    async def _request(self, msg: P.Message, expect: type, timeout: float = 10.0):
+        """Send and wait for the reply of type `expect` (an Error reply is returned as is)."""
+        await self._send(msg)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                reply = await asyncio.wait_for(self._replies.get(), left)
+            except TimeoutError:
+                break
+            if isinstance(reply, expect | P.Error):
+                return reply
+        return None
+
+    async def _register(self) -> P.Registered:
+        while not self._stop.is_set():
+            reply = await self._request(
+                P.Register(node_id=self.node_id, name=self.name, max_prompts=self.max_prompts,
+                           status_url=self.status_url),
+                P.Registered,
+            )
+            if isinstance(reply, P.Registered):
+                log.info("registered with %s as %s (%s)", self.trainer, self.name, self.key.fingerprint)
+                if self.latest is None or reply.weights.version > self.latest.version:
+                    self.latest = reply.weights
+                return reply
+            log.info("trainer at %s not answering yet; retrying", self.trainer)
+            await asyncio.sleep(1.0)
+        raise asyncio.CancelledError
+
+    async def _heartbeats(self) -> None:
+        while not self._stop.is_set():
+            period = self.registered.heartbeat_s if self.registered else 2.0
+            await asyncio.sleep(period)
+            if self.registered:
+                await self._send(P.Heartbeat(node_id=self.node_id, version_loaded=self.loaded,
+                                             tokens_per_s=self.status.tokens_per_s))
+
+    async def _work(self, session: aiohttp.ClientSession) -> None:
+        while not self._stop.is_set():
+            if self.registered is None:
+                self.registered = await self._register()
+            if self.latest and self.latest.version > self.loaded:
+                try:
+                    await self._load(self.latest, session)
+                except Exception as e:  # noqa: BLE001 - a failed fetch is retried, never fatal
+                    log.warning("could not load version %d: %s", self.latest.version, e)
+                    await asyncio.sleep(1.0)
+                    continue
+            reply = await self._request(
+                P.WorkRequest(node_id=self.node_id, version_loaded=self.loaded, max_prompts=self.max_prompts),
+                P.WorkAssignment,
+            )
+            if not isinstance(reply, P.WorkAssignment):
+                continue
+            if self.latest is None or reply.weights.version > self.latest.version:
+                self.latest = reply.weights
+            if not reply.assignments:
+                await asyncio.sleep(reply.retry_after_s or 0.2)
+                continue
+            if self.loaded < reply.min_version:
+                continue  # load the newer version first (top of the loop)
+            await self._generate(reply)
+
+    async def _generate(self, work: P.WorkAssignment) -> None:
+        s = work.sampling
+        version = self.loaded
+        t0 = time.perf_counter()
+        groups = await self._on_engine(
+            self.engine.generate, [a.prompt_token_ids for a in work.assignments], s.n, s.max_tokens,
+            s.temperature, s.top_p,
+        )
+        secs = time.perf_counter() - t0
+        ntok = sum(len(x.token_ids) for g in groups for x in g)
+        self.status.tokens_generated += ntok
+        self.status.tokens_per_s = ntok / max(secs, 1e-9)
+        rollouts = [
+            P.Rollout(a.assignment_id, [P.Sample(x.token_ids, x.logprobs, x.finish_reason) for x in g])
+            for a, g in zip(work.assignments, groups, strict=True)
+        ]
+        await self._send(P.RolloutSubmission(node_id=self.node_id, version=version, rollouts=rollouts,
+                                             gen_seconds=secs))
+        self.status.rollouts_submitted += len(rollouts)
+
+    # ---- status page ------------------------------------------------------------------------------
+
+    async def _status_app(self) -> web.AppRunner:
+        app = web.Application()
+
+        async def status(_):
+            return web.Response(body=msgspec.json.encode(self.status), content_type="application/json")
+
+        app.router.add_get("/status", status)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.status_host, self.status_port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        self.status_url = f"http://{self.status_host}:{port}/status"
+        print(f"node status: {self.status_url}", flush=True)
+        return runner
+
+    # ---- main -------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        ctx = zmq.asyncio.Context()
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        self.sock.connect(self.trainer)
+        runner = await self._status_app()
+        tasks = []
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600, sock_read=60)) as session:
+                tasks = [asyncio.create_task(self._receiver()), asyncio.create_task(self._heartbeats())]
+                work = asyncio.create_task(self._work(session))
+                stop = asyncio.create_task(self._stop.wait())
+                done, _ = await asyncio.wait([work, stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if t is not stop and t.exception():
+                        raise t.exception()
+                work.cancel()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await runner.cleanup()
+            self.sock.close(0)
+            ctx.term()
+            self._pool.shutdown(wait=False, cancel_futures=True)

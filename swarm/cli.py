@@ -1,0 +1,158 @@
+"""`swarm`: the front door. Each subcommand is a thin layer over one room of the project."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+DESCRIPTION = """\
+rollout-swarm: a decentralized RL rollout swarm. A trainer runs GRPO on a policy; inference nodes
+anywhere generate rollouts with vLLM; every rollout is checked and every reward recomputed by the trainer.
+
+  swarm demo                         build the default model, run a trainer and two nodes, show learning
+  swarm train CONFIG.toml            run a trainer (CLI --set overrides the file)
+  swarm node --trainer HOST:PORT     run an inference node on this machine's accelerator
+  swarm model build DIR              write the embedded default model (offline, deterministic)
+"""
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("vllm", "transformers", "aiohttp.access", "httpx", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _config(args):
+    from swarm.config import load_config
+
+    overrides = list(args.set or [])
+    for flag, key in (("run_dir", "run_dir"), ("model", "model.path"), ("port", "server.port"),
+                      ("http_port", "server.http_port"), ("host", "server.host"), ("max_steps", "train.max_steps")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f'{key}="{value}"' if isinstance(value, str) else f"{key}={value}")
+    return load_config(getattr(args, "config", None), overrides)
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.lr=3e-4 --set task.params={digits=1}")
+    p.add_argument("--run-dir", help="where versions, logs and the summary go (config: run_dir)")
+    p.add_argument("--model", help="a local Hugging Face model directory (default: the embedded tiny model)")
+    p.add_argument("--host", help="address to serve on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="zmq port nodes connect to (default 5555)")
+    p.add_argument("--http-port", type=int, help="HTTP port for weights, /api and /metrics (default 5556)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps to run")
+
+
+def cmd_train(args) -> int:
+    from trainer.run import run_training
+
+    cfg = _config(args)
+    asyncio.run(run_training(cfg))
+    return 0
+
+
+def cmd_node(args) -> int:
+    from inference_nodes.node import Node
+
+    node = Node(args.trainer, args.data_dir, name=args.name, max_prompts=args.max_prompts,
+                status_host=args.status_host, status_port=args.status_port, probe_prompt=args.probe_prompt,
+                seed=args.seed)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, node.stop)
+        await node.run()
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_model_build(args) -> int:
+    from swarm.default_model import build_default_model
+
+    path = build_default_model(args.dir, seed=args.seed)
+    print(f"wrote the default model to {path}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from swarm.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarm", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="run a GRPO trainer", description=(
+        "Run a trainer: it builds or loads the policy, serves work to nodes over zmq, checks every rollout, "
+        "takes GRPO steps and publishes each version. The TOML file's sections are [model], [task], [train], "
+        "[server]; see configs/ for examples."))
+    p.add_argument("config", nargs="?", help="the run's TOML config (optional: defaults are the demo's)")
+    _add_run_flags(p)
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("node", help="run an inference node", description=(
+        "Run an inference node: it registers with the trainer, downloads and checks the current policy, "
+        "generates rollouts with vLLM and follows every new version without restarting."))
+    p.add_argument("--trainer", required=True, help="the trainer's node port, HOST:PORT or tcp://HOST:PORT")
+    p.add_argument("--data-dir", default=os.path.expanduser("~/.cache/rollout-swarm/node"),
+                   help="where the node keeps its key and downloaded versions")
+    p.add_argument("--name", help="a label for this node in the trainer's views")
+    p.add_argument("--max-prompts", type=int, default=16, help="prompts to ask for per work request")
+    p.add_argument("--status-host", default="127.0.0.1", help="address of the node's status page")
+    p.add_argument("--status-port", type=int, default=0, help="port of the node's status page (0: any free)")
+    p.add_argument("--probe-prompt", default="12+34",
+                   help="prompt completed greedily after each weight load, shown on the status page")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the engine")
+    p.set_defaults(fn=cmd_node)
+
+    p = sub.add_parser("model", help="model utilities")
+    msub = p.add_subparsers(dest="model_command", required=True)
+    b = msub.add_parser("build", help="write the embedded default model (untrained) to DIR")
+    b.add_argument("dir")
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(fn=cmd_model_build)
+
+    p = sub.add_parser("demo", help="a whole learning run on this machine", description=(
+        "Build the default model (offline), start a trainer and two inference nodes as separate processes on "
+        "127.0.0.1, show live progress and finish with a summary table. Exit code 0 when the run learned."))
+    p.add_argument("config", nargs="?", help="a TOML config (default: the built-in demo settings)")
+    _add_run_flags(p)
+    p.add_argument("--nodes", type=int, default=2, help="inference nodes to start")
+    p.add_argument("--minutes", type=float, default=10.0, help="minutes of RL after start-up")
+    p.add_argument("--json", metavar="FILE", help="also write the run's figures (eval curve etc.) to FILE")
+    p.add_argument("--min-gain", type=float, default=0.30,
+                   help="held-out accuracy gain over the start for the demo to count as learned")
+    p.set_defaults(fn=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _logging(args.verbose)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError) as e:
+        print(f"swarm: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

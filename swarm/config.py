@@ -1,0 +1,103 @@
+"""Run configuration: typed sections with defaults, loaded from one TOML file, overridden from the CLI.
+
+`load_config(path, overrides)` reads the file (optional), applies `section.key=value` overrides (values
+parsed as TOML, so `train.lr=3e-4` is a float and `task.params={digits=1}` a table) and validates the
+result against the structs below: unknown keys and wrong types are errors, not silent defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import tomllib
+
+
+class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    path: str = ""  # a local HF model directory; empty = the embedded default, built offline
+    sft_steps: int = 900  # warm-up steps for the embedded default (0 = start RL from the raw init)
+    sft_lr: float = 3e-3
+    sft_batch: int = 64
+    seed: int = 0
+    max_shard_bytes: int = 2 * 2**20  # shard size of published versions (HF layout with an index)
+
+
+class TaskConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str = "arithmetic"
+    params: dict[str, Any] = msgspec.field(default_factory=lambda: {"digits": 2, "ops": "+"})
+    eval_size: int = 200
+    seed: int = 0
+
+
+class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    max_steps: int = 400
+    max_minutes: float = 0.0  # stop after this many minutes of RL (0 = no limit)
+    group_size: int = 8  # G completions per prompt
+    prompts_per_step: int = 16  # groups per optimizer step
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    scale_adv_by_std: bool = False
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    delta: float = 4.0
+    seq_is_cap: float = 4.0
+    kl_beta: float = 0.0
+    max_lag: int = 2  # rollouts from up to this many versions back are accepted
+    inflight_groups: int = 32  # pacing: groups buffered or assigned at once, beyond which nodes wait
+    max_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    eval_every: int = 10
+    keep_versions: int = 3
+    torch_threads: int = 1
+    seed: int = 0
+
+
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 5555  # zmq ROUTER for nodes
+    http_port: int = 5556  # weights, /api and /metrics
+    heartbeat_s: float = 2.0
+    assignment_timeout_s: float = 120.0  # work not answered by then is re-assigned
+    max_message_bytes: int = 8 * 2**20
+
+
+class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    run_dir: str = "runs/demo"
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    task: TaskConfig = msgspec.field(default_factory=TaskConfig)
+    train: TrainConfig = msgspec.field(default_factory=TrainConfig)
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ValueError(f"override {text!r} is not of the form section.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word: take it as a string
+    return key.strip().split("."), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    data: dict[str, Any] = {}
+    if path:
+        data = tomllib.loads(Path(path).read_text())
+    for text in overrides or []:
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    try:
+        return msgspec.convert(data, RunConfig)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"config: {e}") from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return msgspec.toml.encode(cfg).decode()

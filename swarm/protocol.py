@@ -1,0 +1,227 @@
+"""Wire protocol between the trainer and inference nodes.
+
+Every message is a msgspec Struct in one tagged union, encoded as msgpack and carried as a single zmq
+frame (ROUTER on the trainer, DEALER on nodes). Decoding checks the size bound first, then the schema
+and types (msgspec), then ranges (`validate`). Anything that fails raises `ProtocolError`, which the
+receiver turns into an `Error` reply and a log line; it never reaches the training code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 8 * 2**20  # a submission of 64 samples x 4096 tokens fits well inside
+MAX_ID_LEN = 128
+MAX_TEXT_LEN = 64 * 1024
+
+FinishReason = Literal["stop", "length"]
+
+
+class ProtocolError(ValueError):
+    """A message that is malformed, oversized or out of range."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+# ---- node -> trainer -------------------------------------------------------------------------------
+
+
+class Register(msgspec.Struct, tag="register", forbid_unknown_fields=True):
+    node_id: str  # hex ed25519 public key of the node
+    name: str  # a human-readable label chosen by the node's owner
+    protocol: int = PROTOCOL_VERSION
+    max_prompts: int = 16  # how many prompts the node wants per work request
+    relay: bool = True
+    status_url: str = ""  # where the node's own status page is, if it serves one
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", forbid_unknown_fields=True):
+    node_id: str
+    version_loaded: int
+    tokens_per_s: float = 0.0
+    busy: bool = False
+
+
+class WorkRequest(msgspec.Struct, tag="work_request", forbid_unknown_fields=True):
+    node_id: str
+    version_loaded: int
+    max_prompts: int
+
+
+class Sample(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
+    token_ids: list[int]
+    logprobs: list[float]  # the node's log-prob of each sampled token, under its sampling distribution
+    finish_reason: FinishReason
+
+
+class Rollout(msgspec.Struct, forbid_unknown_fields=True):
+    assignment_id: str
+    samples: list[Sample]
+
+
+class RolloutSubmission(msgspec.Struct, tag="submission", forbid_unknown_fields=True):
+    node_id: str
+    version: int  # the policy version the node generated with
+    rollouts: list[Rollout]
+    gen_seconds: float  # wall time the node spent generating them
+
+
+# ---- trainer -> node -------------------------------------------------------------------------------
+
+
+class SamplingSpec(msgspec.Struct, forbid_unknown_fields=True):
+    n: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+
+
+class Assignment(msgspec.Struct, forbid_unknown_fields=True):
+    assignment_id: str
+    prompt_token_ids: list[int]
+
+
+class WeightsInfo(msgspec.Struct, forbid_unknown_fields=True):
+    version: int
+    manifest_url: str  # HTTP URL of the version's manifest (files, sizes, sha256)
+
+
+class Registered(msgspec.Struct, tag="registered", forbid_unknown_fields=True):
+    node_id: str
+    weights: WeightsInfo  # the version the node must load before it generates
+    sampling: SamplingSpec
+    heartbeat_s: float
+    max_lag: int
+    tracker_url: str = ""  # the relay tree's tracker, when the trainer runs one
+    trainer_key: str = ""  # hex public key that signs manifests
+
+
+class WorkAssignment(msgspec.Struct, tag="work", forbid_unknown_fields=True):
+    weights: WeightsInfo  # the newest version; the node loads it when it can
+    min_version: int  # generating with anything older than this will be refused as stale
+    assignments: list[Assignment]
+    sampling: SamplingSpec
+    retry_after_s: float = 0.0  # when `assignments` is empty: ask again after this long
+
+
+class SubmissionResult(msgspec.Struct, tag="result", forbid_unknown_fields=True):
+    accepted: list[str]
+    refused: dict[str, str]  # assignment id -> reason code
+
+
+class VersionNotice(msgspec.Struct, tag="version", forbid_unknown_fields=True):
+    weights: WeightsInfo
+
+
+class FileHash(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    size: int
+    sha256: str
+
+
+class VersionManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Served over HTTP beside each version's files: what to fetch and how to check it."""
+
+    version: int
+    files: list[FileHash]
+    created: float
+
+
+class NodeStatus(msgspec.Struct, forbid_unknown_fields=True):
+    """A node's own status page (JSON)."""
+
+    node_id: str
+    name: str
+    trainer: str
+    version_loaded: int
+    versions_loaded: int  # how many versions were loaded into the running engine
+    restarts: int  # engine restarts (live reloads do not count)
+    tokens_generated: int
+    rollouts_submitted: int
+    rollouts_accepted: int
+    tokens_per_s: float
+    probes: dict[str, list[int]]  # version -> greedy completion of the probe prompt after loading it
+    reload_seconds: list[float]
+
+
+class Error(msgspec.Struct, tag="error", forbid_unknown_fields=True):
+    code: str
+    message: str
+
+
+Message = (
+    Register
+    | Heartbeat
+    | WorkRequest
+    | RolloutSubmission
+    | Registered
+    | WorkAssignment
+    | SubmissionResult
+    | VersionNotice
+    | Error
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Decode and validate one message; raise ProtocolError on anything wrong with it."""
+    if len(data) > max_bytes:
+        raise ProtocolError("oversized", f"message of {len(data)} bytes exceeds {max_bytes}")
+    try:
+        msg = _decoder.decode(data)
+    except msgspec.DecodeError as e:  # ValidationError is a DecodeError
+        raise ProtocolError("malformed", str(e)[:300]) from None
+    validate(msg)
+    return msg
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise ProtocolError("invalid", what)
+
+
+def _short_id(s: str, what: str) -> None:
+    _check(0 < len(s) <= MAX_ID_LEN and s.isprintable(), f"{what} must be 1..{MAX_ID_LEN} printable chars")
+
+
+def validate(msg: Message) -> None:
+    """Range checks that types alone cannot express. Semantic checks (against the trainer's state)
+    happen in the trainer's intake, not here."""
+    if isinstance(msg, Register):
+        _short_id(msg.node_id, "node_id")
+        _check(len(msg.name) <= MAX_ID_LEN, "name too long")
+        _check(1 <= msg.max_prompts <= 1024, "max_prompts must be in 1..1024")
+        _check(len(msg.status_url) <= 512, "status_url too long")
+    elif isinstance(msg, Heartbeat):
+        _short_id(msg.node_id, "node_id")
+        _check(msg.version_loaded >= -1, "version_loaded must be >= -1")
+        _check(math.isfinite(msg.tokens_per_s) and msg.tokens_per_s >= 0, "tokens_per_s must be finite, >= 0")
+    elif isinstance(msg, WorkRequest):
+        _short_id(msg.node_id, "node_id")
+        _check(1 <= msg.max_prompts <= 1024, "max_prompts must be in 1..1024")
+    elif isinstance(msg, RolloutSubmission):
+        _short_id(msg.node_id, "node_id")
+        _check(msg.version >= 0, "version must be >= 0")
+        _check(math.isfinite(msg.gen_seconds) and msg.gen_seconds >= 0, "gen_seconds must be finite, >= 0")
+        _check(0 < len(msg.rollouts) <= 1024, "a submission holds 1..1024 rollouts")
+        for r in msg.rollouts:
+            _short_id(r.assignment_id, "assignment_id")
+            _check(0 < len(r.samples) <= 1024, "a rollout holds 1..1024 samples")
+            for s in r.samples:
+                _check(len(s.token_ids) == len(s.logprobs), "token_ids and logprobs differ in length")
+                _check(len(s.token_ids) > 0, "a sample has no tokens")
+    elif isinstance(msg, Error):
+        _check(len(msg.message) <= MAX_TEXT_LEN, "error message too long")

@@ -1,0 +1,40 @@
+"""The trainer's HTTP side (aiohttp): published versions as files, the run's figures as JSON and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from trainer.stats import RunStats
+
+
+def make_app(versions_dir: Path, stats: RunStats, heartbeat_s: float,
+             extra: Callable[[web.Application], None] | None = None) -> web.Application:
+    app = web.Application()
+
+    async def summary(_):
+        return web.Response(body=msgspec.json.encode(stats.summary(heartbeat_s)), content_type="application/json")
+
+    async def metrics(_):
+        stats.summary(heartbeat_s)  # refreshes the node-state gauges
+        body = generate_latest(stats.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/api/summary", summary)
+    app.router.add_get("/metrics", metrics)
+    # aiohttp's static handler refuses paths that leave the folder and streams files from disk.
+    app.router.add_static("/weights/", versions_dir, show_index=False, follow_symlinks=False)
+    if extra is not None:
+        extra(app)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

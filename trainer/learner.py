@@ -1,0 +1,84 @@
+"""The learner: one GRPO optimizer step on a batch of accepted groups, and greedy evaluation."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from rewards.base import Task, TaskItem
+from trainer.grpo import LossConfig, group_advantages, grpo_loss, token_logprobs
+from trainer.intake import Group
+from trainer.policy import encode_prompt, greedy_complete, pack
+
+
+class Learner:
+    def __init__(self, model, tokenizer, lr: float, weight_decay: float, grad_clip: float, loss: LossConfig,
+                 temperature: float = 1.0, scale_adv_by_std: bool = False, micro_batch: int = 256):
+        self.model, self.tok = model, tokenizer
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.grad_clip, self.loss_cfg = grad_clip, loss
+        self.temperature, self.scale_adv_by_std = temperature, scale_adv_by_std
+        self.micro_batch = micro_batch
+        self.ref = None
+        if loss.kl_beta > 0:  # a frozen copy of the starting policy
+            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def _logp(self, model, batch) -> torch.Tensor:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        return token_logprobs(out.logits[:, :-1].float() / self.temperature, batch.targets)
+
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        """One optimizer step. Groups whose advantages are all zero carry no signal and are skipped."""
+        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+        adv = group_advantages(rewards, self.scale_adv_by_std)
+        keep = [i for i in range(len(groups)) if adv[i].abs().max() > 1e-8]
+        stats = {"zero_adv_groups": float(len(groups) - len(keep)), "groups": float(len(groups))}
+        if not keep:
+            return stats
+        prompts, comps, olds, advs = [], [], [], []
+        for i in keep:
+            for j, s in enumerate(groups[i].samples):
+                prompts.append(groups[i].prompt_ids)
+                comps.append(s.token_ids)
+                olds.append(s.logprobs)
+                advs.append(float(adv[i, j]))
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        total_tokens = float(sum(len(c) for c in comps))
+        agg: dict[str, float] = {}
+        for lo in range(0, len(prompts), self.micro_batch):
+            hi = lo + self.micro_batch
+            b = pack(prompts[lo:hi], comps[lo:hi], olds[lo:hi], self.tok.pad_token_id)
+            logp = self._logp(self.model, b)
+            ref = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref = self._logp(self.ref, b)
+            loss, st = grpo_loss(logp, b.old_logp, torch.tensor(advs[lo:hi]), b.completion_mask, self.loss_cfg, ref)
+            # grpo_loss normalises by this micro-batch's tokens; rescale to the whole batch's count.
+            (loss * (st["tokens"] / total_tokens)).backward()
+            for k, v in st.items():
+                agg[k] = agg.get(k, 0.0) + v * st["tokens"] / total_tokens
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.opt.step()
+        self.model.eval()
+        agg.pop("tokens", None)
+        return {**stats, **agg, "grad_norm": float(grad_norm), "tokens": total_tokens}
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, task: Task, items: list[TaskItem], max_tokens: int, batch: int = 128) -> dict[str, float]:
+    """Greedy accuracy and mean reward on a fixed held-out set."""
+    model.eval()
+    correct = reward = 0.0
+    for lo in range(0, len(items), batch):
+        chunk = items[lo : lo + batch]
+        ids = [encode_prompt(tokenizer, it.prompt, task.system_prompt) for it in chunk]
+        outs = greedy_complete(model, tokenizer, ids, max_tokens)
+        for it, out in zip(chunk, outs, strict=True):
+            s = task.score(it, tokenizer.decode(out, skip_special_tokens=True))
+            correct += s.metrics.get(task.correct_metric, 0.0)
+            reward += s.reward
+    n = max(len(items), 1)
+    return {"accuracy": correct / n, "reward_mean": reward / n}

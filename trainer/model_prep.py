@@ -1,0 +1,53 @@
+"""The model a run starts from: a local HF directory, or the embedded default built and warmed up offline."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import msgspec
+
+from rewards.registry import make_task
+from swarm.config import RunConfig
+from swarm.default_model import build_default_model
+
+log = logging.getLogger("swarm.trainer")
+
+
+def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
+    """Return the directory of the run's starting policy, building the default one if needed.
+
+    The default is cached under RUN/base-model with a stamp of everything that shaped it, so a rerun
+    with the same settings starts at once and a changed setting rebuilds it.
+    """
+    if cfg.model.path:
+        path = Path(cfg.model.path)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        return path
+    out = Path(cfg.run_dir) / "base-model"
+    recipe = msgspec.json.encode({"model": cfg.model, "task": cfg.task, "v": 2})
+    stamp = hashlib.sha256(recipe).hexdigest()
+    stamp_file = out / "recipe.sha256"
+    if stamp_file.exists() and stamp_file.read_text().strip() == stamp:
+        return out
+    import torch
+
+    from trainer.policy import load_model, load_tokenizer
+    from trainer.sft import sft_warmup
+
+    log.info("building the default model in %s", out)
+    build_default_model(out, seed=cfg.model.seed)
+    if cfg.model.sft_steps > 0:
+        torch.manual_seed(cfg.model.seed)
+        model, tok = load_model(out), load_tokenizer(out)
+        task = make_task(cfg.task.name, **cfg.task.params)
+        sft_warmup(model, tok, task, cfg.model.sft_steps, batch_size=cfg.model.sft_batch, lr=cfg.model.sft_lr,
+                   seed=cfg.model.seed + 1, out_dir=out, progress=progress)
+        data = json.loads((out / "config.json").read_text())
+        data.setdefault("rope_theta", 10000.0)
+        (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+    stamp_file.write_text(stamp + "\n")
+    return out

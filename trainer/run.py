@@ -1,0 +1,109 @@
+"""`swarm train`: the learning run, top to bottom.
+
+Start: load the policy, publish it as version 0, open the node service (zmq) and the HTTP side, and
+evaluate the starting point. Then loop: wait for a batch of accepted groups, take one GRPO step,
+publish and announce the new version, evaluate every `eval_every` steps. Nodes keep generating while
+the learner works; the step runs on a worker thread so the services never stall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import msgspec
+import torch
+
+from rewards.registry import make_task
+from swarm.config import RunConfig, dump_config
+from trainer.grpo import LossConfig
+from trainer.http_api import make_app, serve
+from trainer.learner import Learner, evaluate
+from trainer.model_prep import prepare_base_model
+from trainer.policy import load_model, load_tokenizer
+from trainer.publisher import Publisher
+from trainer.server import TrainerServer
+from trainer.stats import EvalRow, RunStats, StepRow
+
+log = logging.getLogger("swarm.trainer")
+
+
+async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
+    t = cfg.train
+    torch.set_num_threads(t.torch_threads)
+    torch.manual_seed(t.seed)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(dump_config(cfg))
+
+    base = await asyncio.to_thread(prepare_base_model, cfg)
+    model, tok = load_model(base), load_tokenizer(base)
+    model.eval()
+    task = make_task(cfg.task.name, **cfg.task.params)
+    eval_items = task.eval_items(cfg.task.eval_size)
+    learner = Learner(model, tok, t.lr, t.weight_decay, t.grad_clip,
+                      LossConfig(t.eps_low, t.eps_high, t.delta, t.seq_is_cap, t.kl_beta),
+                      temperature=t.temperature, scale_adv_by_std=t.scale_adv_by_std)
+    publisher = Publisher(run_dir, base, keep=t.keep_versions, max_shard_bytes=cfg.model.max_shard_bytes)
+    stats = RunStats(str(run_dir), t.max_steps)
+
+    await asyncio.to_thread(publisher.publish, model, 0)
+    host, http_port = cfg.server.host, cfg.server.http_port
+    http = await serve(make_app(publisher.root, stats, cfg.server.heartbeat_s, web_extra), host, http_port)
+    base_url = f"http://{host}:{http_port}/weights"
+    server = TrainerServer(cfg, task, tok, model.config.vocab_size, stats,
+                           lambda v: f"{base_url}/{publisher.path(v).name}/manifest.json",
+                           task.train_items(seed=cfg.task.seed))
+    await server.start()
+    log.info("trainer up: nodes connect to tcp://%s:%d, status at http://%s:%d/api/summary",
+             host, cfg.server.port, host, http_port)
+
+    async def run_eval(step: int) -> None:
+        ev = await asyncio.to_thread(evaluate, model, tok, task, eval_items, t.max_tokens)
+        stats.evals.append(EvalRow(step, round(stats.elapsed(), 2), ev["accuracy"], ev["reward_mean"]))
+        stats.m_eval.set(ev["accuracy"])
+        log.info("eval step %d: held-out greedy accuracy %.3f (mean reward %.3f)", step, ev["accuracy"],
+                 ev["reward_mean"])
+
+    try:
+        await run_eval(0)
+        stats.t0 = time.time()  # the RL clock starts once everything is up
+        deadline = time.monotonic() + t.max_minutes * 60 if t.max_minutes > 0 else float("inf")
+        while stats.step < t.max_steps and time.monotonic() < deadline:
+            groups = await server.take_batch(t.prompts_per_step)
+            t0 = time.perf_counter()
+            st = await asyncio.to_thread(learner.step, groups)
+            stats.step += 1
+            await asyncio.to_thread(publisher.publish, model, stats.step)
+            await server.announce(stats.step)
+            stats.version = stats.step
+            secs = time.perf_counter() - t0
+            zero = int(st["zero_adv_groups"])
+            stats.trained_groups += len(groups) - zero
+            stats.drop("zero_advantage", zero)
+            rewards = [r for g in groups for r in g.rewards]
+            correct = [c for g in groups for c in g.correct]
+            lag = sum(stats.step - 1 - g.version for g in groups) / len(groups)
+            row = StepRow(stats.step, stats.step, round(stats.elapsed(), 2), sum(rewards) / len(rewards),
+                          sum(correct) / len(correct), len(groups), zero, lag, st.get("loss", 0.0),
+                          st.get("clip_frac", 0.0), round(secs, 3))
+            stats.steps.append(row)
+            stats.m_steps.inc()
+            stats.m_version.set(stats.step)
+            stats.m_reward.set(row.reward_mean)
+            stats.m_step_s.observe(secs)
+            log.info("step %d: reward %.3f correct %.3f lag %.2f zero-adv %d/%d loss %.4f (%.2fs)", stats.step,
+                     row.reward_mean, row.correct_mean, lag, zero, len(groups), row.loss, secs)
+            if stats.step % t.eval_every == 0:
+                await run_eval(stats.step)
+        if not stats.evals or stats.evals[-1].step != stats.step:
+            await run_eval(stats.step)
+    finally:
+        stats.done = True
+        summary = stats.summary(cfg.server.heartbeat_s)
+        (run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
+        await server.stop()
+        await http.cleanup()
+    return stats
