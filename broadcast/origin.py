@@ -63,6 +63,7 @@ class Origin:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         self._url: str | None = None
+        self._closing = False
 
     @property
     def url(self) -> str:
@@ -87,7 +88,8 @@ class Origin:
                 web.get("/v/{version}/piece/{index}", self._piece),
             ]
         )
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # Short shutdown: long polls and held piece requests must not keep stop() waiting.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -100,6 +102,9 @@ class Origin:
                  self.trees, self.fanout)
 
     async def stop(self) -> None:
+        self._closing = True
+        async with self._new_version:
+            self._new_version.notify_all()  # release long polls now
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -249,7 +254,7 @@ class Origin:
             async with self._new_version:
                 try:
                     await asyncio.wait_for(
-                        self._new_version.wait_for(lambda: self.latest is not None and self.latest > a), wait
+                        self._new_version.wait_for(lambda: self._closing or (self.latest is not None and self.latest > a)), wait
                     )
                 except asyncio.TimeoutError:
                     pass

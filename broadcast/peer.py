@@ -108,7 +108,7 @@ class Peer:
                     web.get("/v/{version}/piece/{index}", self._piece),
                 ]
             )
-            self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.host, self.port)
             await site.start()

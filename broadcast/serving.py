@@ -48,5 +48,8 @@ async def serve_piece(
         # Retention removed it mid-send; the child sees a short body and goes elsewhere.
         log.info("v%d piece %d vanished while serving", version, index)
         raise
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError too: the child went away
+        log.debug("child hung up during v%d piece %d", version, index)
+        return resp
     await resp.write_eof()
     return resp
