@@ -348,6 +348,7 @@ class Peer:
         if self.evicted:
             raise Evicted(self.evicted)
         m = await self._get_manifest(version)
+        await self._heartbeat_once()  # parents may have changed since the last beat: start from fresh ones
         st = await asyncio.to_thread(self.store.open_partial, m)
         async with self._changed:
             self.states[version] = st

@@ -22,7 +22,7 @@ def make_version(d: Path, seed: int, size: int = 1 << 20) -> Path:
     rnd = __import__("random").Random(seed)
     (d / "model-00001-of-00002.safetensors").write_bytes(rnd.randbytes(size))
     (d / "model-00002-of-00002.safetensors").write_bytes(rnd.randbytes(size // 3 + 17))
-    (d / "model.safetensors.index.json").write_text('{"weight_map": {}, "seed": %d}' % seed)
+    (d / "model.safetensors.index.json").write_text(f'{{"weight_map": {{}}, "seed": {seed}}}')
     return d
 
 

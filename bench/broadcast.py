@@ -1,0 +1,389 @@
+"""Benchmark: deliver one version of S bytes to N receivers on loopback, every uplink paced to B bytes/s.
+
+Reports T / (S/B) for three designs with the same S, B and N:
+  tree       broadcast/ (k SplitStream trees, pipelined verified pieces, every peer relays)
+  star       every receiver fetches from the origin (floor N*S/B)
+  shardcast  PyPI shardcast: origin + ceil(sqrt(N)) middle relays + N clients, its servers paced to B
+Each host's uplink is emulated by a rate limiter in the sender, so one machine stands in for many hosts.
+Peers run several to a process (each Peer has its own limiter) so two cores aren't the bottleneck; CPU
+use is measured and printed. Nothing listens or connects beyond 127.0.0.1 (shardcast's get_local_ip,
+which would open a UDP socket towards 10.x, is replaced in every process that imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tree / star: a worker process hosting several peers
+# ---------------------------------------------------------------------------------------------------------
+async def _peer_worker(args: argparse.Namespace) -> None:
+    from broadcast.peer import Peer
+
+    logging.basicConfig(level=logging.WARNING)
+    peers = []
+
+    def on_done(i: int):
+        async def cb(version: int, path: Path) -> None:
+            print(f"DONE {i} {time.time():.6f}", flush=True)
+
+        return cb
+
+    for i in args.indices:
+        p = Peer(args.tracker, Path(args.dir) / f"p{i}", bytes.fromhex(args.key), relay=not args.no_relay,
+                 upload_rate=args.rate, name=f"p{i}", on_version=on_done(i), window=args.window,
+                 stall_timeout=60)
+        await p.start()
+        peers.append(p)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"CPU0 {ru.ru_utime + ru.ru_stime:.3f}", flush=True)  # start-up cost, excluded from the figure
+    print("READY", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # parent says stop
+    for p in peers:
+        await p.stop()
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"CPU {ru.ru_utime + ru.ru_stime:.3f}", flush=True)
+
+
+async def _read_lines(proc: asyncio.subprocess.Process, sink: list[str]) -> None:
+    assert proc.stdout
+    async for line in proc.stdout:
+        sink.append(line.decode().strip())
+
+
+async def run_ours(mode: str, n: int, size: int, rate: float, piece: int, trees: int, workers: int,
+                   window: int, tmp: Path, timeout: float) -> dict:
+    from broadcast.origin import Origin
+    from swarm.keys import KeyPair
+
+    kp = KeyPair.generate()
+    root = tmp / f"{mode}{n}"
+    origin = Origin(root / "origin", kp, fanout=trees, upload_rate=rate, piece_size=piece,
+                    heartbeat_interval=1.0)
+    await origin.start()
+    procs, lines = [], []
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        nw = min(workers, n)
+        for w in range(nw):
+            idx = [str(i) for i in range(w, n, nw)]
+            cmd = [sys.executable, __file__, "--peer-worker", "--tracker", origin.url, "--key", kp.public_hex,
+                   "--dir", str(root), "--rate", str(rate), "--window", str(window), "--indices", *idx]
+            if mode == "star":
+                cmd.append("--no-relay")
+            p = await asyncio.create_subprocess_exec(*cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            procs.append(p)
+            sink: list[str] = []
+            lines.append(sink)
+            asyncio.create_task(_read_lines(p, sink))
+        end = time.monotonic() + 60
+        while sum("READY" in s for sink in lines for s in sink) < nw or len(origin.tracker.peers) < n:
+            if time.monotonic() > end:
+                raise RuntimeError("peers did not start")
+            await asyncio.sleep(0.1)
+        vdir = root / "origin" / "v1"
+        vdir.mkdir(parents=True)
+        (vdir / "model.safetensors").write_bytes(os.urandom(size))
+        t0 = time.time()
+        cpu_t0 = resource.getrusage(resource.RUSAGE_SELF)
+        await origin.publish(vdir, 1, None)
+        end = time.monotonic() + timeout
+        done: dict[str, float] = {}
+        while len(done) < n:
+            for sink in lines:
+                for s in sink:
+                    if s.startswith("DONE "):
+                        _, i, t = s.split()
+                        done[i] = float(t)
+            if time.monotonic() > end:
+                return {"T": None, "error": f"timeout after {timeout:.0f}s with {len(done)}/{n} done"}
+            await asyncio.sleep(0.05)
+        T = max(done.values()) - t0
+        first = min(done.values()) - t0
+        own = _cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(cpu_t0)
+        for p in procs:
+            p.stdin.write(b"stop\n")
+            await p.stdin.drain()
+        for p in procs:
+            await asyncio.wait_for(p.wait(), 20)
+        await asyncio.sleep(0.1)
+        worker_cpu = sum(float(s.split()[1]) for sink in lines for s in sink if s.startswith("CPU ")) - sum(
+            float(s.split()[1]) for sink in lines for s in sink if s.startswith("CPU0 "))
+        for i in range(n):
+            got = (root / f"p{i}" / "versions" / "v1" / "model.safetensors").read_bytes()
+            if got != (vdir / "model.safetensors").read_bytes():
+                return {"T": None, "error": f"p{i} holds different bytes"}
+        return {"T": T, "first_s": first, "cpu_s": own + worker_cpu, "cpu_frac_of_2_cores": (own + worker_cpu) / T / 2}
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+        await origin.stop()
+        del cpu0
+
+
+def _cpu(ru) -> float:
+    return ru.ru_utime + ru.ru_stime
+
+
+# ---------------------------------------------------------------------------------------------------------
+# shardcast roles (each in its own process; its servers are single-threaded stdlib http.server)
+# ---------------------------------------------------------------------------------------------------------
+def _patch_shardcast(rate: float) -> None:
+    import shardcast.server as server
+
+    server.get_local_ip = lambda: "127.0.0.1"  # never probe towards 10.x
+    lock = threading.Lock()
+    state = {"next": time.monotonic()}
+
+    def copyfile(self, source, outputfile) -> None:  # pace this server's uplink to `rate`
+        while chunk := source.read(64 << 10):
+            with lock:
+                now = time.monotonic()
+                start = max(state["next"], now - 0.02)
+                state["next"] = start + len(chunk) / rate
+                delay = state["next"] - now
+            if delay > 0:
+                time.sleep(delay)
+            outputfile.write(chunk)
+
+    server.ShardcastRequestHandler.copyfile = copyfile
+
+    # Bind 127.0.0.1 rather than shardcast's 0.0.0.0.
+    orig_init = server.ShardcastServer.__init__
+
+    def init(self, server_address, directory, shutdown_event=None):
+        orig_init(self, ("127.0.0.1", server_address[1]), directory, shutdown_event)
+
+    server.ShardcastServer.__init__ = init
+
+
+def _sc_role(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    _patch_shardcast(args.rate)
+    import shardcast.utils
+
+    shardcast.utils.logger.setLevel(logging.WARNING)
+    d = Path(args.dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "data1.bin").write_bytes(b"\0" * 1024)  # the bandwidth probe its clients insist on
+    if args.sc_role == "origin":
+        from shardcast.origin_server import OriginServer
+
+        o = OriginServer(str(d), args.port)
+        print("READY", flush=True)
+        sys.stdin.readline()
+        print(f"T0 {time.time():.6f}", flush=True)
+        o.broadcast(args.file)
+        print("PUBLISHED", flush=True)
+        sys.stdin.readline()
+    elif args.sc_role == "middle":
+        from shardcast.middle_node import MiddleNode
+
+        MiddleNode(args.upstream, str(d), args.port, check_interval=1)
+        print("READY", flush=True)
+        sys.stdin.readline()
+    else:
+        from shardcast.client_node import ClientNode
+
+        clients = [ClientNode(args.upstream, str(d / f"c{i}")) for i in range(args.n[0])]
+        print("READY", flush=True)
+
+        def fetch(i: int, c) -> None:
+            while True:
+                if "v1" in c.list_available_versions():
+                    out = c.download_version("v1", str(d / f"c{i}" / "file.bin"))
+                    if out:
+                        print(f"DONE {i} {time.time():.6f}", flush=True)
+                        return
+                time.sleep(0.2)
+
+        threads = [threading.Thread(target=fetch, args=(i, c), daemon=True) for i, c in enumerate(clients)]
+        for t in threads:
+            t.start()
+        sys.stdin.readline()
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)  # the wget processes
+    print(f"CPU {_cpu(ru) + _cpu(ch):.3f}", flush=True)
+    os._exit(0)  # its server threads block in handle_request()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def run_shardcast(n: int, size: int, rate: float, tmp: Path, timeout: float) -> dict:
+    try:
+        import shardcast  # noqa: F401
+    except ImportError as e:
+        return {"T": None, "error": f"shardcast not importable: {e}"}
+    if not shutil.which("wget"):
+        return {"T": None, "error": "wget missing (shardcast shells out to it)"}
+    root = tmp / f"sc{n}"
+    root.mkdir(parents=True)
+    src = root / "model.bin"
+    src.write_bytes(os.urandom(size))
+    m = math.ceil(math.sqrt(n))
+    env = dict(os.environ, SHARDCAST_FAST_RETRY_INTERVAL="1", SHARDCAST_SLOW_RETRY_INTERVAL="1")
+    procs: list[asyncio.subprocess.Process] = []
+    lines: list[list[str]] = []
+
+    async def spawn(*a: str) -> tuple[asyncio.subprocess.Process, list[str]]:
+        p = await asyncio.create_subprocess_exec(sys.executable, __file__, "--rate", str(rate), *a,
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.DEVNULL, env=env, cwd=root)
+        sink: list[str] = []
+        asyncio.create_task(_read_lines(p, sink))
+        procs.append(p)
+        lines.append(sink)
+        end = time.monotonic() + 60
+        while "READY" not in sink:
+            if p.returncode is not None or time.monotonic() > end:
+                raise RuntimeError(f"shardcast {a[:2]} did not start")
+            await asyncio.sleep(0.05)
+        return p, sink
+
+    try:
+        oport = _free_port()
+        origin, osink = await spawn("--sc-role", "origin", "--dir", str(root / "origin"), "--port", str(oport),
+                                    "--file", str(src))
+        ups = []
+        for j in range(m):
+            port = _free_port()
+            await spawn("--sc-role", "middle", "--dir", str(root / f"mid{j}"), "--port", str(port),
+                        "--upstream", f"http://127.0.0.1:{oport}")
+            ups.append(f"http://127.0.0.1:{port}")
+        _, csink = await spawn("--sc-role", "clients", "--dir", str(root / "clients"), "--n", str(n),
+                               "--upstream", *ups)
+        origin.stdin.write(b"go\n")
+        await origin.stdin.drain()
+        end = time.monotonic() + timeout
+        while sum(s.startswith("DONE") for s in csink) < n:
+            if time.monotonic() > end:
+                got = sum(s.startswith("DONE") for s in csink)
+                return {"T": None, "error": f"timeout after {timeout:.0f}s with {got}/{n} done", "relays": m}
+            await asyncio.sleep(0.05)
+        t0 = float(next(s for s in osink if s.startswith("T0")).split()[1])
+        T = max(float(s.split()[2]) for s in csink if s.startswith("DONE")) - t0
+        for p in procs:
+            p.stdin.write(b"stop\n")
+            await p.stdin.drain()
+        for p in procs:
+            await asyncio.wait_for(p.wait(), 20)
+        await asyncio.sleep(0.1)
+        cpu = sum(float(s.split()[1]) for sink in lines for s in sink if s.startswith("CPU "))
+        for i in range(n):
+            if (root / "clients" / f"c{i}" / "file.bin").read_bytes() != src.read_bytes():
+                return {"T": None, "error": f"client {i} holds different bytes"}
+        return {"T": T, "cpu_s": cpu, "cpu_frac_of_2_cores": cpu / T / 2, "relays": m}
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+
+
+# ---------------------------------------------------------------------------------------------------------
+async def bench(args: argparse.Namespace) -> dict:
+    size, rate = int(args.size_mib * MiB), args.rate_mib * MiB
+    floor = size / rate
+    results = {"S_bytes": size, "B_bytes_per_s": rate, "floor_s": floor, "piece_bytes": args.piece_kib << 10,
+               "trees": args.trees, "rows": []}
+    print(f"S = {size / MiB:.1f} MiB, B = {rate / MiB:.2f} MiB/s per uplink, S/B = {floor:.2f} s, "
+          f"pieces of {args.piece_kib} KiB, {args.trees} trees, peers over {args.workers} processes")
+    print(f"{'N':>3} {'design':<10} {'T (s)':>8} {'T/(S/B)':>8} {'floor':>10} {'CPU (of 2 cores)':>17}  note")
+    with tempfile.TemporaryDirectory(prefix="bcbench-") as td:
+        tmp = Path(td)
+        for n in args.n:
+            for design in args.designs:
+                budget = {"tree": 4 * floor + 30, "star": 1.5 * n * floor + 30,
+                          "shardcast": 3 * n * floor + 60}[design]
+                t_start = time.monotonic()
+                try:
+                    if design == "shardcast":
+                        r = await run_shardcast(n, size, rate, tmp, budget)
+                    else:
+                        r = await run_ours(design, n, size, rate, args.piece_kib << 10, args.trees, args.workers,
+                                           args.window, tmp, budget)
+                except Exception as e:  # a failed row is reported, not fatal to the table
+                    r = {"T": None, "error": f"{type(e).__name__}: {e}"}
+                r.update(N=n, design=design, wall_s=time.monotonic() - t_start,
+                         design_floor=(n if design == "star" else 1) * floor)
+                r["ratio"] = r["T"] / floor if r["T"] else None
+                results["rows"].append(r)
+                note = r.get("error", "") or (f"first receiver done at {r['first_s']:.2f}s" if "first_s" in r else "")
+                if design == "shardcast" and "relays" in r:
+                    note = f"{r['relays']} middle relays (+N·0 client uploads) {note}"
+                print(f"{n:>3} {design:<10} {_f(r['T'], 8, 2)} {_f(r['ratio'], 8, 2)} "
+                      f"{'N·S/B' if design == 'star' else 'S/B':>10} {_f(r.get('cpu_frac_of_2_cores'), 16, 0, 100)}%"
+                      f"  {note}", flush=True)
+    return results
+
+
+def _f(x, w: int, d: int, scale: float = 1) -> str:
+    return f"{x * scale:>{w}.{d}f}" if isinstance(x, (int, float)) else f"{'—':>{w}}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, nargs="+", default=[4, 8, 16, 32])
+    ap.add_argument("--size-mib", type=float, default=2.0)
+    ap.add_argument("--rate-mib", type=float, default=1.0)
+    ap.add_argument("--piece-kib", type=int, default=32)
+    ap.add_argument("--trees", type=int, default=4)
+    ap.add_argument("--window", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=4, help="processes hosting the N peers")
+    ap.add_argument("--designs", nargs="+", default=["tree", "star", "shardcast"],
+                    choices=["tree", "star", "shardcast"])
+    ap.add_argument("--json", type=Path, default=None)
+    # internal roles
+    ap.add_argument("--peer-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sc-role", choices=["origin", "middle", "clients"], help=argparse.SUPPRESS)
+    ap.add_argument("--tracker", help=argparse.SUPPRESS)
+    ap.add_argument("--key", help=argparse.SUPPRESS)
+    ap.add_argument("--dir", help=argparse.SUPPRESS)
+    ap.add_argument("--rate", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--indices", nargs="+", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--no-relay", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--file", help=argparse.SUPPRESS)
+    ap.add_argument("--upstream", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.peer_worker:
+        asyncio.run(_peer_worker(args))
+        return
+    if args.sc_role:
+        _sc_role(args)
+        return
+    results = asyncio.run(bench(args))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
