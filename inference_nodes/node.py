@@ -38,7 +38,7 @@ class Node:
         max_prompts: int = 16,
         status_host: str = "127.0.0.1",
         status_port: int = 0,
-        probe_prompt: str = "12+34",
+        probe_prompt: str = "3+5+8",
         keep_versions: int = 3,
         seed: int = 0,
     ):

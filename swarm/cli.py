@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompts", type=int, default=16, help="prompts to ask for per work request")
     p.add_argument("--status-host", default="127.0.0.1", help="address of the node's status page")
     p.add_argument("--status-port", type=int, default=0, help="port of the node's status page (0: any free)")
-    p.add_argument("--probe-prompt", default="12+34",
+    p.add_argument("--probe-prompt", default="3+5+8",
                    help="prompt completed greedily after each weight load, shown on the status page")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the engine")
     p.set_defaults(fn=cmd_node)

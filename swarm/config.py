@@ -16,7 +16,7 @@ import tomllib
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     path: str = ""  # a local HF model directory; empty = the embedded default, built offline
-    sft_steps: int = 900  # warm-up steps for the embedded default (0 = start RL from the raw init)
+    sft_steps: int = 150  # warm-up steps for the embedded default (0 = start RL from the raw init)
     sft_lr: float = 3e-3
     sft_batch: int = 64
     seed: int = 0
@@ -25,8 +25,12 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class TaskConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: str = "arithmetic"
-    params: dict[str, Any] = msgspec.field(default_factory=lambda: {"digits": 2, "ops": "+"})
-    eval_size: int = 200
+    # Sums of three one-digit numbers: the tiny model can learn them, and the item space (1000 problems)
+    # leaves ~150 held out for evaluation that training never sees.
+    params: dict[str, Any] = msgspec.field(
+        default_factory=lambda: {"digits": 1, "terms": 3, "ops": "+", "eval_share": 0.15}
+    )
+    eval_size: int = 120
     seed: int = 0
 
 
@@ -35,7 +39,7 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_minutes: float = 0.0  # stop after this many minutes of RL (0 = no limit)
     group_size: int = 8  # G completions per prompt
     prompts_per_step: int = 16  # groups per optimizer step
-    lr: float = 1e-4
+    lr: float = 2e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     scale_adv_by_std: bool = False
@@ -45,8 +49,8 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     seq_is_cap: float = 4.0
     kl_beta: float = 0.0
     max_lag: int = 2  # rollouts from up to this many versions back are accepted
-    inflight_groups: int = 32  # pacing: groups buffered or assigned at once, beyond which nodes wait
-    max_tokens: int = 8
+    inflight_groups: int = 24  # pacing: groups buffered or assigned at once, beyond which nodes wait
+    max_tokens: int = 6
     temperature: float = 1.0
     top_p: float = 1.0
     eval_every: int = 10

@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   installs what is missing, then runs `swarm demo`
+#   make test   installs what is missing, then runs the whole test suite
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+# The CPU build of vLLM on machines without an NVIDIA GPU, the CUDA build where there is one.
+EXTRA   ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+STAMP   := $(VENV)/.installed-$(EXTRA)
+
+.PHONY: install demo test bench lint clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e '.[$(EXTRA),dev]'
+	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports beside CPU torch.
+	if [ "$(EXTRA)" = cpu ]; then $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton || true; fi
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/swarm demo $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/node.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf runs .pytest_cache

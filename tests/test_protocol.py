@@ -1,0 +1,73 @@
+"""Wire messages: round trips, and refusal of malformed, oversized and out-of-range input."""
+
+import msgspec
+import pytest
+
+from swarm import protocol as P
+
+
+def _sub(**kw):
+    base = dict(node_id="ab" * 32, version=3, gen_seconds=0.5,
+                rollouts=[P.Rollout("a1", [P.Sample([5, 6, 0], [-0.1, -0.2, -0.3], "stop")])])
+    base.update(kw)
+    return P.RolloutSubmission(**base)
+
+
+@pytest.mark.parametrize("msg", [
+    P.Register(node_id="n1", name="box", max_prompts=8),
+    P.Heartbeat(node_id="n1", version_loaded=2, tokens_per_s=10.5),
+    P.WorkRequest(node_id="n1", version_loaded=0, max_prompts=4),
+    _sub(),
+    P.Registered(node_id="n1", weights=P.WeightsInfo(1, "http://x/m.json"),
+                 sampling=P.SamplingSpec(8, 16, 1.0, 1.0), heartbeat_s=2.0, max_lag=2),
+    P.WorkAssignment(weights=P.WeightsInfo(1, "u"), min_version=0, assignments=[P.Assignment("a", [1, 2])],
+                     sampling=P.SamplingSpec(8, 16, 1.0, 1.0)),
+    P.SubmissionResult(accepted=["a"], refused={"b": "stale"}),
+    P.VersionNotice(weights=P.WeightsInfo(2, "u")),
+    P.Error(code="x", message="y"),
+])
+def test_round_trip(msg):
+    assert P.decode(P.encode(msg)) == msg
+
+
+def _code(data, **kw):
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode(data, **kw)
+    return e.value.code
+
+
+def test_refuses_garbage_and_truncation():
+    assert _code(b"\x00\x01garbage") == "malformed"
+    assert _code(P.encode(_sub())[:-5]) == "malformed"
+    assert _code(b"") == "malformed"
+
+
+def test_refuses_oversized_before_decoding():
+    assert _code(b"x" * 100, max_bytes=50) == "oversized"
+
+
+def test_refuses_unknown_tags_fields_and_types():
+    enc = msgspec.msgpack.encode
+    assert _code(enc({"type": "nope"})) == "malformed"
+    assert _code(enc({"type": "heartbeat", "node_id": "n", "version_loaded": "x"})) == "malformed"
+    assert _code(enc({"type": "heartbeat", "node_id": "n", "version_loaded": 1, "evil": 1})) == "malformed"
+    assert _code(enc({"type": "submission", "node_id": "n", "version": 1, "gen_seconds": 0.1,
+                      "rollouts": [{"assignment_id": "a", "samples": [[[1], [-0.1], "maybe"]]}]})) == "malformed"
+
+
+@pytest.mark.parametrize("msg,what", [
+    (P.Register(node_id="", name="x"), "node_id"),
+    (P.Register(node_id="n" * 500, name="x"), "node_id"),
+    (P.Register(node_id="n", name="x", max_prompts=0), "max_prompts"),
+    (P.Heartbeat(node_id="n", version_loaded=0, tokens_per_s=float("nan")), "tokens_per_s"),
+    (P.WorkRequest(node_id="n", version_loaded=0, max_prompts=10**6), "max_prompts"),
+    (_sub(version=-1), "version"),
+    (_sub(gen_seconds=float("inf")), "gen_seconds"),
+    (_sub(rollouts=[]), "rollouts"),
+    (_sub(rollouts=[P.Rollout("a", [P.Sample([1, 2], [-0.1], "stop")])]), "length"),
+    (_sub(rollouts=[P.Rollout("a", [P.Sample([], [], "stop")])]), "no tokens"),
+])
+def test_refuses_out_of_range(msg, what):
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode(P.encode(msg))
+    assert e.value.code == "invalid" and what in e.value.message
