@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="a TOML config (default: the built-in demo settings)")
     _add_run_flags(p)
     p.add_argument("--nodes", type=int, default=2, help="inference nodes to start")
-    p.add_argument("--minutes", type=float, default=10.0, help="minutes of RL after start-up")
+    p.add_argument("--minutes", type=float, default=4.0, help="minutes of RL after start-up")
     p.add_argument("--json", metavar="FILE", help="also write the run's figures (eval curve etc.) to FILE")
     p.add_argument("--min-gain", type=float, default=0.30,
                    help="held-out accuracy gain over the start for the demo to count as learned")
