@@ -2,8 +2,9 @@
 
 One asyncio loop does the I/O (a zmq DEALER to the trainer, HTTP for weights and the status page);
 every engine call runs on one dedicated thread, so generation never blocks heartbeats and the engine
-is never used from two threads at once. New versions are fetched, checked against their sha256
-manifest and loaded into the running engine, never by restarting it.
+is never used from two threads at once. Versions come through the relay tree (broadcast.peer): the
+node pins the trainer's key, every piece is checked against the signed manifest, and the node relays
+to others unless told not to. A new version is loaded into the running engine, never by a restart.
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ import socket
 import time
 from pathlib import Path
 
-import aiohttp
 import msgspec
 import zmq
 import zmq.asyncio
 from aiohttp import web
 
+from broadcast.peer import Peer
 from swarm import protocol as P
 from swarm.chat import encode_prompt
-from swarm.keys import KeyPair
-from swarm.weights import fetch_version, prune_versions
+from swarm.keys import KeyPair, fingerprint, load_public
 
 log = logging.getLogger("swarm.node")
 
@@ -41,12 +41,14 @@ class Node:
         probe_prompt: str = "3+5+8",
         keep_versions: int = 3,
         seed: int = 0,
+        trainer_key: str | None = None,
+        relay: bool = True,
+        relay_host: str = "127.0.0.1",
+        relay_port: int = 0,
     ):
         self.trainer = trainer if "://" in trainer else f"tcp://{trainer}"
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.weights_dir = self.data_dir / "versions"
-        self.weights_dir.mkdir(exist_ok=True)
         self.key = KeyPair.load_or_create(self.data_dir / "node.key")
         self.node_id = self.key.public_hex
         self.name = name or f"{socket.gethostname()}-{self.node_id[:8]}"
@@ -55,6 +57,9 @@ class Node:
         self.probe_prompt = probe_prompt
         self.keep_versions = keep_versions
         self.seed = seed
+        self.pinned = load_public(trainer_key) if trainer_key else None
+        self.relay, self.relay_host, self.relay_port = relay, relay_host, relay_port
+        self.peer: Peer | None = None
 
         self.engine = None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
@@ -81,9 +86,36 @@ class Node:
         self.engine = Engine(model_dir, seed=self.seed)
         self._probe_ids = encode_prompt(self.engine.tokenizer, self.probe_prompt)
 
-    async def _load(self, info: P.WeightsInfo, session: aiohttp.ClientSession) -> None:
-        """Fetch and verify `info`'s version, then start the engine on it or reload it live."""
-        path = await fetch_version(session, info.manifest_url, self.weights_dir, expect_version=info.version)
+    def _trusted_key(self, offered: str) -> bytes:
+        """The trainer key to pin: the one given on the command line, else the one seen first (kept)."""
+        offered_key = bytes.fromhex(offered)
+        if self.pinned is not None:
+            if offered_key != self.pinned:
+                raise RuntimeError(f"the trainer offers key {fingerprint(offered_key)}, but we pin "
+                                   f"{fingerprint(self.pinned)}: refusing its weights")
+            return self.pinned
+        seen = self.data_dir / "trainer.pub"
+        if seen.exists():
+            kept = load_public(str(seen))
+            if kept != offered_key:
+                raise RuntimeError(f"the trainer's key changed to {fingerprint(offered_key)} (we first saw "
+                                   f"{fingerprint(kept)}); pass --trainer-key to accept a new one")
+            return kept
+        seen.write_text(offered + "\n")
+        print(f"first contact: pinned the trainer's key, fingerprint {fingerprint(offered_key)}", flush=True)
+        return offered_key
+
+    async def _join_tree(self, reg: P.Registered) -> None:
+        if self.peer is not None:
+            return
+        self.peer = Peer(reg.tracker_url, self.data_dir / "tree", self._trusted_key(reg.trainer_key),
+                         host=self.relay_host, port=self.relay_port, relay=self.relay, keep=self.keep_versions,
+                         name=self.name, follow=True)
+        await self.peer.start()
+
+    async def _load(self, info: P.WeightsInfo) -> None:
+        """Fetch `info`'s version through the tree (every piece verified), then start or reload the engine."""
+        path = await self.peer.fetch(info.version, timeout=600)
         if self.engine is None:
             await self._on_engine(self._start_engine, path)
             log.info("engine started on version %d in %.1fs", info.version, self.engine.start_seconds)
@@ -96,7 +128,6 @@ class Node:
         self.status.versions_loaded += 1
         probe = await self._on_engine(self.engine.greedy, [self._probe_ids], 16)
         self.status.probes[str(info.version)] = probe[0]
-        prune_versions(self.weights_dir, self.keep_versions)
 
     # ---- zmq --------------------------------------------------------------------------------------
 
@@ -165,13 +196,14 @@ class Node:
                 await self._send(P.Heartbeat(node_id=self.node_id, version_loaded=self.loaded,
                                              tokens_per_s=self.status.tokens_per_s))
 
-    async def _work(self, session: aiohttp.ClientSession) -> None:
+    async def _work(self) -> None:
         while not self._stop.is_set():
             if self.registered is None:
                 self.registered = await self._register()
+                await self._join_tree(self.registered)
             if self.latest and self.latest.version > self.loaded:
                 try:
-                    await self._load(self.latest, session)
+                    await self._load(self.latest)
                 except Exception as e:  # noqa: BLE001 - a failed fetch is retried, never fatal
                     log.warning("could not load version %d: %s", self.latest.version, e)
                     await asyncio.sleep(1.0)
@@ -243,18 +275,19 @@ class Node:
         runner = await self._status_app()
         tasks = []
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600, sock_read=60)) as session:
-                tasks = [asyncio.create_task(self._receiver()), asyncio.create_task(self._heartbeats())]
-                work = asyncio.create_task(self._work(session))
-                stop = asyncio.create_task(self._stop.wait())
-                done, _ = await asyncio.wait([work, stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    if t is not stop and t.exception():
-                        raise t.exception()
-                work.cancel()
+            tasks = [asyncio.create_task(self._receiver()), asyncio.create_task(self._heartbeats())]
+            work = asyncio.create_task(self._work())
+            stop = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([work, stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stop and t.exception():
+                    raise t.exception()
+            work.cancel()
         finally:
             for t in tasks:
                 t.cancel()
+            if self.peer is not None:
+                await self.peer.stop()
             await runner.cleanup()
             self.sock.close(0)
             ctx.term()

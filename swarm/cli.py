@@ -66,7 +66,8 @@ def cmd_node(args) -> int:
 
     node = Node(args.trainer, args.data_dir, name=args.name, max_prompts=args.max_prompts,
                 status_host=args.status_host, status_port=args.status_port, probe_prompt=args.probe_prompt,
-                seed=args.seed)
+                seed=args.seed, trainer_key=args.trainer_key, relay=not args.no_relay,
+                relay_host=args.relay_host, relay_port=args.relay_port)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -119,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-prompt", default="3+5+8",
                    help="prompt completed greedily after each weight load, shown on the status page")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the engine")
+    p.add_argument("--trainer-key", help="pin the trainer's public key (64 hex chars or a .pub file); without "
+                   "it the key seen on first contact is pinned and its fingerprint printed")
+    p.add_argument("--no-relay", action="store_true", help="download versions but serve no other node")
+    p.add_argument("--relay-host", default="127.0.0.1", help="address other nodes reach this node's relay at")
+    p.add_argument("--relay-port", type=int, default=0, help="port of this node's relay (0: any free)")
     p.set_defaults(fn=cmd_node)
 
     p = sub.add_parser("model", help="model utilities")

@@ -62,7 +62,10 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 5555  # zmq ROUTER for nodes
-    http_port: int = 5556  # weights, /api and /metrics
+    http_port: int = 5556  # /api and /metrics
+    tracker_port: int = 5557  # the relay tree's origin and tracker (weights leave the trainer only here)
+    fanout: int = 4  # children per relay in each tree of the broadcast
+    piece_bytes: int = 1 << 20  # broadcast piece size: a relay forwards each piece once verified
     heartbeat_s: float = 2.0
     assignment_timeout_s: float = 120.0  # work not answered by then is re-assigned
     max_message_bytes: int = 8 * 2**20

@@ -90,7 +90,7 @@ class Assignment(msgspec.Struct, forbid_unknown_fields=True):
 
 class WeightsInfo(msgspec.Struct, forbid_unknown_fields=True):
     version: int
-    manifest_url: str  # HTTP URL of the version's manifest (files, sizes, sha256)
+    manifest_url: str  # the signed manifest at the relay tree's origin (pieces come through the tree)
 
 
 class Registered(msgspec.Struct, tag="registered", forbid_unknown_fields=True):
@@ -99,8 +99,8 @@ class Registered(msgspec.Struct, tag="registered", forbid_unknown_fields=True):
     sampling: SamplingSpec
     heartbeat_s: float
     max_lag: int
-    tracker_url: str = ""  # the relay tree's tracker, when the trainer runs one
-    trainer_key: str = ""  # hex public key that signs manifests
+    tracker_url: str  # the relay tree's tracker: every version is fetched through the tree
+    trainer_key: str  # hex ed25519 public key that signs every manifest
 
 
 class WorkAssignment(msgspec.Struct, tag="work", forbid_unknown_fields=True):
@@ -118,20 +118,6 @@ class SubmissionResult(msgspec.Struct, tag="result", forbid_unknown_fields=True)
 
 class VersionNotice(msgspec.Struct, tag="version", forbid_unknown_fields=True):
     weights: WeightsInfo
-
-
-class FileHash(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    name: str
-    size: int
-    sha256: str
-
-
-class VersionManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Served over HTTP beside each version's files: what to fetch and how to check it."""
-
-    version: int
-    files: list[FileHash]
-    created: float
 
 
 class NodeStatus(msgspec.Struct, forbid_unknown_fields=True):

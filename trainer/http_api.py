@@ -1,9 +1,8 @@
-"""The trainer's HTTP side (aiohttp): published versions as files, the run's figures as JSON and metrics."""
+"""The trainer's HTTP side (aiohttp): the run's figures as JSON and Prometheus metrics."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 from aiohttp import web
@@ -12,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from trainer.stats import RunStats
 
 
-def make_app(versions_dir: Path, stats: RunStats, heartbeat_s: float,
+def make_app(stats: RunStats, heartbeat_s: float,
              extra: Callable[[web.Application], None] | None = None) -> web.Application:
     app = web.Application()
 
@@ -26,8 +25,6 @@ def make_app(versions_dir: Path, stats: RunStats, heartbeat_s: float,
 
     app.router.add_get("/api/summary", summary)
     app.router.add_get("/metrics", metrics)
-    # aiohttp's static handler refuses paths that leave the folder and streams files from disk.
-    app.router.add_static("/weights/", versions_dir, show_index=False, follow_symlinks=False)
     if extra is not None:
         extra(app)
     return app

@@ -16,8 +16,10 @@ from pathlib import Path
 import msgspec
 import torch
 
+from broadcast.origin import Origin
 from rewards.registry import make_task
 from swarm.config import RunConfig, dump_config
+from swarm.keys import KeyPair
 from trainer.grpo import LossConfig
 from trainer.http_api import make_app, serve
 from trainer.learner import Learner, evaluate
@@ -49,13 +51,20 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
     publisher = Publisher(run_dir, base, keep=t.keep_versions, max_shard_bytes=cfg.model.max_shard_bytes)
     stats = RunStats(str(run_dir), t.max_steps)
 
-    await asyncio.to_thread(publisher.publish, model, 0)
+    # Weights leave the trainer only through the relay tree, signed with the trainer's key.
+    key = KeyPair.load_or_create(run_dir / "trainer.key")
+    origin = Origin(run_dir / "broadcast", key, host=cfg.server.host, port=cfg.server.tracker_port,
+                    fanout=cfg.server.fanout, keep=t.keep_versions, piece_size=cfg.server.piece_bytes,
+                    heartbeat_interval=cfg.server.heartbeat_s)
+    await origin.start()
+    log.info("trainer key fingerprint %s (nodes pin it with --trainer-key %s)", key.fingerprint,
+             run_dir / "trainer.pub")
+    await origin.publish(await asyncio.to_thread(publisher.publish, model, 0), 0, None)
     host, http_port = cfg.server.host, cfg.server.http_port
-    http = await serve(make_app(publisher.root, stats, cfg.server.heartbeat_s, web_extra), host, http_port)
-    base_url = f"http://{host}:{http_port}/weights"
+    http = await serve(make_app(stats, cfg.server.heartbeat_s, web_extra), host, http_port)
     server = TrainerServer(cfg, task, tok, model.config.vocab_size, stats,
-                           lambda v: f"{base_url}/{publisher.path(v).name}/manifest.json",
-                           task.train_items(seed=cfg.task.seed))
+                           lambda v: f"{origin.url}/v/{v}/manifest", task.train_items(seed=cfg.task.seed),
+                           tracker_url=origin.url, trainer_key=key.public_hex)
     await server.start()
     log.info("trainer up: nodes connect to tcp://%s:%d, status at http://%s:%d/api/summary",
              host, cfg.server.port, host, http_port)
@@ -76,7 +85,8 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
             t0 = time.perf_counter()
             st = await asyncio.to_thread(learner.step, groups)
             stats.step += 1
-            await asyncio.to_thread(publisher.publish, model, stats.step)
+            path = await asyncio.to_thread(publisher.publish, model, stats.step)
+            await origin.publish(path, stats.step, stats.step - 1)
             await server.announce(stats.step)
             stats.version = stats.step
             secs = time.perf_counter() - t0
@@ -106,4 +116,5 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
         (run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
         await server.stop()
         await http.cleanup()
+        await origin.stop()
     return stats

@@ -30,9 +30,11 @@ log = logging.getLogger("swarm.trainer")
 
 class TrainerServer:
     def __init__(self, cfg: RunConfig, task: Task, tokenizer, vocab_size: int, stats: RunStats,
-                 manifest_url: Callable[[int], str], items: Iterator[TaskItem]):
+                 manifest_url: Callable[[int], str], items: Iterator[TaskItem], tracker_url: str,
+                 trainer_key: str):
         self.cfg, self.task, self.tok, self.stats = cfg, task, tokenizer, stats
         self.manifest_url = manifest_url
+        self.tracker_url, self.trainer_key = tracker_url, trainer_key
         t = cfg.train
         self.limits = Limits(t.group_size, t.max_tokens, vocab_size, tokenizer.eos_token_id, t.max_lag,
                              task.correct_metric)
@@ -139,7 +141,8 @@ class TrainerServer:
         self.idents[msg.node_id] = ident
         log.info("node %s registered (%s)", msg.name, msg.node_id[:12])
         return P.Registered(node_id=msg.node_id, weights=self.weights_info(), sampling=self.sampling,
-                            heartbeat_s=self.cfg.server.heartbeat_s, max_lag=self.cfg.train.max_lag)
+                            heartbeat_s=self.cfg.server.heartbeat_s, max_lag=self.cfg.train.max_lag,
+                            tracker_url=self.tracker_url, trainer_key=self.trainer_key)
 
     def _next_item(self) -> TaskItem:
         if self.retry:
