@@ -132,7 +132,7 @@ class Node:
     # ---- zmq --------------------------------------------------------------------------------------
 
     async def _send(self, msg: P.Message) -> None:
-        await self.sock.send(P.encode(msg))
+        await self.sock.send_multipart(P.sign(msg, self.key))
 
     async def _receiver(self) -> None:
         """Route replies to whoever waits for them; act on notices at once."""
@@ -175,8 +175,8 @@ class Node:
     async def _register(self) -> P.Registered:
         while not self._stop.is_set():
             reply = await self._request(
-                P.Register(node_id=self.node_id, name=self.name, max_prompts=self.max_prompts,
-                           status_url=self.status_url),
+                P.Register(node_id=self.node_id, name=self.name, time_ms=int(time.time() * 1000),
+                           max_prompts=self.max_prompts, status_url=self.status_url),
                 P.Registered,
             )
             if isinstance(reply, P.Registered):

@@ -71,12 +71,29 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_message_bytes: int = 8 * 2**20
 
 
+class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    allowlist: list[str] = []  # hex node keys allowed to join; empty = open to anyone
+    strikes_to_ban: int = 3
+    msg_rate: float = 50.0  # messages per second per node key
+    msg_burst: int = 200
+    max_held: int = 128  # assignments one node may hold at once
+    audit: bool = True
+    audit_rate: float = 0.1  # share of an established node's groups re-scored by the trainer
+    audit_new_node_groups: int = 8  # every group of a node's first N is audited
+    audit_tol: float = 0.05  # |node log-prob - trainer log-prob| above this (nats) is fraud
+    min_token_logprob: float = -18.0  # a sampled token below this log-prob is implausible
+    duplicate_share: float = 0.05  # prompts also given to a second node, for the cherry-picking test
+    pair_z: float = 4.0
+    pair_min: int = 12
+
+
 class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     run_dir: str = "runs/demo"
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -1,9 +1,11 @@
 """Wire protocol between the trainer and inference nodes.
 
-Every message is a msgspec Struct in one tagged union, encoded as msgpack and carried as a single zmq
-frame (ROUTER on the trainer, DEALER on nodes). Decoding checks the size bound first, then the schema
-and types (msgspec), then ranges (`validate`). Anything that fails raises `ProtocolError`, which the
-receiver turns into an `Error` reply and a log line; it never reaches the training code.
+Every message is a msgspec Struct in one tagged union, encoded as msgpack (ROUTER on the trainer,
+DEALER on nodes). A node's message travels as two frames, [payload, signature]: the ed25519 signature
+of the payload by the key whose public half is the message's `node_id`, so every message is
+attributable to a key. Decoding checks the size bound first, then the schema and types (msgspec), then
+ranges (`validate`). Anything that fails raises `ProtocolError`, which the receiver turns into an
+`Error` reply and a log line; it never reaches the training code.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import math
 from typing import Literal
 
 import msgspec
+
+from swarm.keys import verify
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 8 * 2**20  # a submission of 64 samples x 4096 tokens fits well inside
@@ -36,6 +40,7 @@ class ProtocolError(ValueError):
 class Register(msgspec.Struct, tag="register", forbid_unknown_fields=True):
     node_id: str  # hex ed25519 public key of the node
     name: str  # a human-readable label chosen by the node's owner
+    time_ms: int = 0  # the node's clock: a replayed (older) registration is refused
     protocol: int = PROTOCOL_VERSION
     max_prompts: int = 16  # how many prompts the node wants per work request
     relay: bool = True
@@ -154,6 +159,8 @@ Message = (
     | Error
 )
 
+NODE_MESSAGES = (Register, Heartbeat, WorkRequest, RolloutSubmission)
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 
@@ -174,6 +181,28 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     return msg
 
 
+def sign(msg: Message, key) -> list[bytes]:
+    """The frames a node sends: the payload and its signature (`key` is a swarm.keys.KeyPair)."""
+    payload = encode(msg)
+    return [payload, key.sign(payload)]
+
+
+def decode_signed(frames: list[bytes], max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Decode a node's [payload, signature] and check the signature against the message's node_id."""
+    if len(frames) != 2 or len(frames[1]) != 64:
+        raise ProtocolError("unsigned", "a node message is two frames: payload and ed25519 signature")
+    msg = decode(frames[0], max_bytes)
+    if not isinstance(msg, NODE_MESSAGES):
+        raise ProtocolError("unexpected", f"{type(msg).__name__} is not a node-to-trainer message")
+    if not verify(msg.node_id, frames[0], frames[1]):
+        raise ProtocolError("bad_signature", "the signature does not match node_id's key")
+    return msg
+
+
+def _is_key(s: str) -> bool:
+    return len(s) == 64 and all(c in "0123456789abcdef" for c in s)
+
+
 def _check(cond: bool, what: str) -> None:
     if not cond:
         raise ProtocolError("invalid", what)
@@ -186,6 +215,8 @@ def _short_id(s: str, what: str) -> None:
 def validate(msg: Message) -> None:
     """Range checks that types alone cannot express. Semantic checks (against the trainer's state)
     happen in the trainer's intake, not here."""
+    if isinstance(msg, NODE_MESSAGES):
+        _check(_is_key(msg.node_id), "node_id must be a 64-hex-char ed25519 public key")
     if isinstance(msg, Register):
         _short_id(msg.node_id, "node_id")
         _check(len(msg.name) <= MAX_ID_LEN, "name too long")

@@ -5,21 +5,24 @@ import pytest
 
 from swarm import protocol as P
 
+K = "ab" * 32
+
 
 def _sub(**kw):
-    base = dict(node_id="ab" * 32, version=3, gen_seconds=0.5,
+    base = dict(node_id=K, version=3, gen_seconds=0.5,
                 rollouts=[P.Rollout("a1", [P.Sample([5, 6, 0], [-0.1, -0.2, -0.3], "stop")])])
     base.update(kw)
     return P.RolloutSubmission(**base)
 
 
 @pytest.mark.parametrize("msg", [
-    P.Register(node_id="n1", name="box", max_prompts=8),
-    P.Heartbeat(node_id="n1", version_loaded=2, tokens_per_s=10.5),
-    P.WorkRequest(node_id="n1", version_loaded=0, max_prompts=4),
+    P.Register(node_id=K, name="box", max_prompts=8),
+    P.Heartbeat(node_id=K, version_loaded=2, tokens_per_s=10.5),
+    P.WorkRequest(node_id=K, version_loaded=0, max_prompts=4),
     _sub(),
-    P.Registered(node_id="n1", weights=P.WeightsInfo(1, "http://x/m.json"),
-                 sampling=P.SamplingSpec(8, 16, 1.0, 1.0), heartbeat_s=2.0, max_lag=2),
+    P.Registered(node_id=K, weights=P.WeightsInfo(1, "http://x/m.json"),
+                 sampling=P.SamplingSpec(8, 16, 1.0, 1.0), heartbeat_s=2.0, max_lag=2, tracker_url="http://t",
+                 trainer_key="ab" * 32),
     P.WorkAssignment(weights=P.WeightsInfo(1, "u"), min_version=0, assignments=[P.Assignment("a", [1, 2])],
                      sampling=P.SamplingSpec(8, 16, 1.0, 1.0)),
     P.SubmissionResult(accepted=["a"], refused={"b": "stale"}),
@@ -57,10 +60,10 @@ def test_refuses_unknown_tags_fields_and_types():
 
 @pytest.mark.parametrize("msg,what", [
     (P.Register(node_id="", name="x"), "node_id"),
-    (P.Register(node_id="n" * 500, name="x"), "node_id"),
-    (P.Register(node_id="n", name="x", max_prompts=0), "max_prompts"),
-    (P.Heartbeat(node_id="n", version_loaded=0, tokens_per_s=float("nan")), "tokens_per_s"),
-    (P.WorkRequest(node_id="n", version_loaded=0, max_prompts=10**6), "max_prompts"),
+    (P.Register(node_id=K * 500, name="x"), "node_id"),
+    (P.Register(node_id=K, name="x", max_prompts=0), "max_prompts"),
+    (P.Heartbeat(node_id=K, version_loaded=0, tokens_per_s=float("nan")), "tokens_per_s"),
+    (P.WorkRequest(node_id=K, version_loaded=0, max_prompts=10**6), "max_prompts"),
     (_sub(version=-1), "version"),
     (_sub(gen_seconds=float("inf")), "gen_seconds"),
     (_sub(rollouts=[]), "rollouts"),
@@ -71,3 +74,30 @@ def test_refuses_out_of_range(msg, what):
     with pytest.raises(P.ProtocolError) as e:
         P.decode(P.encode(msg))
     assert e.value.code == "invalid" and what in e.value.message
+
+
+def test_signed_frames_round_trip_and_refusals():
+    from swarm.keys import KeyPair
+
+    kp, other = KeyPair.generate(), KeyPair.generate()
+    msg = P.Heartbeat(node_id=kp.public_hex, version_loaded=1)
+    frames = P.sign(msg, kp)
+    assert P.decode_signed(frames) == msg
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode_signed(P.sign(msg, other))  # signed by a key that is not node_id's
+    assert e.value.code == "bad_signature"
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode_signed([frames[0]])
+    assert e.value.code == "unsigned"
+    tampered = P.encode(P.Heartbeat(node_id=kp.public_hex, version_loaded=2))
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode_signed([tampered, frames[1]])
+    assert e.value.code == "bad_signature"
+    with pytest.raises(P.ProtocolError) as e:  # trainer-to-node messages are never taken from a node
+        P.decode_signed(P.sign(P.Error(code="x", message="y"), kp))
+    assert e.value.code == "unexpected"
+
+
+def test_node_id_must_be_a_key():
+    with pytest.raises(P.ProtocolError):
+        P.decode(P.encode(P.Heartbeat(node_id="not-a-key", version_loaded=0)))

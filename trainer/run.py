@@ -20,7 +20,9 @@ from broadcast.origin import Origin
 from rewards.registry import make_task
 from swarm.config import RunConfig, dump_config
 from swarm.keys import KeyPair
+from trainer.audit import AuditConfig, Auditor
 from trainer.grpo import LossConfig
+from trainer.guard import Guard, GuardConfig
 from trainer.http_api import make_app, serve
 from trainer.learner import Learner, evaluate
 from trainer.model_prep import prepare_base_model
@@ -62,9 +64,20 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
     await origin.publish(await asyncio.to_thread(publisher.publish, model, 0), 0, None)
     host, http_port = cfg.server.host, cfg.server.http_port
     http = await serve(make_app(stats, cfg.server.heartbeat_s, web_extra), host, http_port)
+    sec = cfg.security
+    guard = Guard(run_dir, GuardConfig(frozenset(sec.allowlist), sec.strikes_to_ban, sec.msg_rate, sec.msg_burst,
+                                       sec.max_held, sec.pair_z, sec.pair_min))
+    auditor = None
+    if sec.audit:
+        auditor = Auditor(model, tok.pad_token_id, t.temperature, t.top_p,
+                          AuditConfig(sec.audit_rate, sec.audit_new_node_groups, sec.audit_tol,
+                                      sec.min_token_logprob), seed=t.seed)
+        auditor.remember(0, model, keep_from=0)
+        stats.calibration = auditor.calibration
+    stats.banned.update(guard.bans)
     server = TrainerServer(cfg, task, tok, model.config.vocab_size, stats,
                            lambda v: f"{origin.url}/v/{v}/manifest", task.train_items(seed=cfg.task.seed),
-                           tracker_url=origin.url, trainer_key=key.public_hex)
+                           tracker_url=origin.url, trainer_key=key.public_hex, guard=guard, auditor=auditor)
     await server.start()
     log.info("trainer up: nodes connect to tcp://%s:%d, status at http://%s:%d/api/summary",
              host, cfg.server.port, host, http_port)
@@ -76,6 +89,7 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
         log.info("eval step %d: held-out greedy accuracy %.3f (mean reward %.3f)", step, ev["accuracy"],
                  ev["reward_mean"])
 
+    batch_log = open(run_dir / "batches.jsonl", "ab")
     try:
         await run_eval(0)
         stats.t0 = time.time()  # the RL clock starts once everything is up
@@ -85,6 +99,8 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
             t0 = time.perf_counter()
             st = await asyncio.to_thread(learner.step, groups)
             stats.step += 1
+            if auditor is not None:  # before the announcement: a node may answer with it at once
+                await asyncio.to_thread(auditor.remember, stats.step, model, stats.step - t.max_lag)
             path = await asyncio.to_thread(publisher.publish, model, stats.step)
             await origin.publish(path, stats.step, stats.step - 1)
             await server.announce(stats.step)
@@ -100,6 +116,11 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
                           sum(correct) / len(correct), len(groups), zero, lag, st.get("loss", 0.0),
                           st.get("clip_frac", 0.0), round(secs, 3))
             stats.steps.append(row)
+            # The record of what each step trained on: audits, accounting and replays read it.
+            batch_log.write(msgspec.json.encode({
+                "step": stats.step, "groups": [[g.node_id, g.assignment_id, g.item.id, g.version] for g in groups],
+            }) + b"\n")
+            batch_log.flush()
             stats.m_steps.inc()
             stats.m_version.set(stats.step)
             stats.m_reward.set(row.reward_mean)
@@ -112,6 +133,7 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
             await run_eval(stats.step)
     finally:
         stats.done = True
+        batch_log.close()
         summary = stats.summary(cfg.server.heartbeat_s)
         (run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
         await server.stop()

@@ -1,9 +1,13 @@
 """The trainer's node-facing service: a zmq ROUTER that registers nodes, hands out work and takes rollouts.
 
-Each frame from a node is decoded and validated (swarm.protocol); a bad one gets an `Error` reply and a
-log line, and the loop goes on. Work is paced: no more than `inflight_groups` groups are assigned or
-waiting for the learner at once, so little work goes stale. Work not answered in time goes back to the
-front of the queue for someone else.
+Every frame is decoded, validated and its signature checked (swarm.protocol); a bad one gets an
+`Error` reply and a log line, and the loop goes on. Work is paced: no more than `inflight_groups`
+groups are assigned or waiting for the learner at once, so little work goes stale. Work not answered
+in time goes back to the front of the queue for someone else.
+
+A submission passes the structural checks of trainer/intake.py, then (for a sampled share of groups,
+and every group of new or suspect nodes) the computation audit of trainer/audit.py, before any of it
+may enter the buffer the learner draws from. A fraud refuses the whole submission and strikes the node.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +27,8 @@ from rewards.base import Task, TaskItem
 from swarm import protocol as P
 from swarm.chat import encode_prompt
 from swarm.config import RunConfig
+from trainer.audit import Auditor
+from trainer.guard import FRAUD, Guard
 from trainer.intake import Group, Held, Limits, check_rollout, check_version, score_group
 from trainer.stats import RunStats
 
@@ -31,10 +38,11 @@ log = logging.getLogger("swarm.trainer")
 class TrainerServer:
     def __init__(self, cfg: RunConfig, task: Task, tokenizer, vocab_size: int, stats: RunStats,
                  manifest_url: Callable[[int], str], items: Iterator[TaskItem], tracker_url: str,
-                 trainer_key: str):
+                 trainer_key: str, guard: Guard, auditor: Auditor | None):
         self.cfg, self.task, self.tok, self.stats = cfg, task, tokenizer, stats
         self.manifest_url = manifest_url
         self.tracker_url, self.trainer_key = tracker_url, trainer_key
+        self.guard, self.auditor = guard, auditor
         t = cfg.train
         self.limits = Limits(t.group_size, t.max_tokens, vocab_size, tokenizer.eos_token_id, t.max_lag,
                              task.correct_metric)
@@ -42,7 +50,10 @@ class TrainerServer:
                                        top_p=t.top_p)
         self.items = items
         self.retry: collections.deque[TaskItem] = collections.deque()  # prompts whose work expired
+        self.dups: collections.deque[tuple[TaskItem, str]] = collections.deque()  # (prompt, first node)
+        self.rng = random.Random(cfg.train.seed + 17)
         self.held: dict[str, Held] = {}
+        self.expired: collections.OrderedDict[str, None] = collections.OrderedDict()  # recently expired ids
         self.buffer: list[Group] = []  # accepted, not yet trained on
         self.buffer_changed = asyncio.Event()
         self.version = 0
@@ -70,8 +81,9 @@ class TrainerServer:
     async def announce(self, version: int) -> None:
         self.version = version
         notice = P.encode(P.VersionNotice(weights=self.weights_info()))
-        for ident in self.idents.values():
-            await self.sock.send_multipart([ident, notice])
+        for node_id, ident in self.idents.items():
+            if node_id not in self.guard.bans:
+                await self.sock.send_multipart([ident, notice])
 
     def weights_info(self) -> P.WeightsInfo:
         return P.WeightsInfo(version=self.version, manifest_url=self.manifest_url(self.version))
@@ -84,7 +96,6 @@ class TrainerServer:
         self.sock.setsockopt(zmq.LINGER, 0)
         # zmq drops a peer that sends a larger message before we ever see it.
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.server.max_message_bytes)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a node that reconnects keeps its identity
         self.sock.bind(f"tcp://{self.cfg.server.host}:{self.cfg.server.port}")
         self._task = asyncio.create_task(self._serve())
         self._reaper = asyncio.create_task(self._expire_loop())
@@ -98,13 +109,10 @@ class TrainerServer:
     async def _serve(self) -> None:
         while True:
             frames = await self.sock.recv_multipart()
-            if len(frames) != 2:
-                log.warning("dropped a message with %d frames", len(frames))
-                continue
-            ident, data = frames
+            ident = frames[0]
             try:
-                msg = P.decode(data, self.cfg.server.max_message_bytes)
-                reply = self.handle(ident, msg)
+                msg = P.decode_signed(frames[1:], self.cfg.server.max_message_bytes)
+                reply = await self.handle(ident, msg)
             except P.ProtocolError as e:
                 log.warning("refused a message from %s: %s", ident.hex()[:12], e)
                 reply = P.Error(code=e.code, message=e.message)
@@ -114,10 +122,17 @@ class TrainerServer:
             if reply is not None:
                 await self.sock.send_multipart([ident, P.encode(reply)])
 
-    def handle(self, ident: bytes, msg: P.Message) -> P.Message | None:
+    async def handle(self, ident: bytes, msg: P.Message) -> P.Message | None:
+        """`msg` is a node message whose signature matches its node_id."""
+        refusal = self.guard.admit(msg.node_id)
+        if refusal:
+            return P.Error(code=refusal, message="this key may not take part")
+        if not self.guard.within_rate(msg.node_id):
+            self.stats.refuse(msg.node_id, "rate_limited")
+            return P.Error(code="rate_limited", message="too many messages; slow down")
         if isinstance(msg, P.Register):
             return self._register(ident, msg)
-        node = self.stats.nodes.get(msg.node_id) if hasattr(msg, "node_id") else None
+        node = self.stats.nodes.get(msg.node_id)
         if node is None or self.idents.get(msg.node_id) != ident:
             return P.Error(code="unknown_node", message="register first")
         node.last_seen = time.monotonic()
@@ -127,15 +142,13 @@ class TrainerServer:
         if isinstance(msg, P.WorkRequest):
             node.version_loaded = msg.version_loaded
             return self._assign(msg)
-        if isinstance(msg, P.RolloutSubmission):
-            node.tokens_per_s = sum(len(s.token_ids) for r in msg.rollouts for s in r.samples) / max(
-                msg.gen_seconds, 1e-3)
-            return self._intake(msg)
-        return P.Error(code="unexpected", message=f"{type(msg).__name__} is not a node-to-trainer message")
+        return await self._intake(msg)
 
     def _register(self, ident: bytes, msg: P.Register) -> P.Message:
         if msg.protocol != P.PROTOCOL_VERSION:
             return P.Error(code="protocol", message=f"trainer speaks protocol {P.PROTOCOL_VERSION}")
+        if not self.guard.fresh_register(msg.node_id, msg.time_ms):
+            return P.Error(code="stale_register", message="registration older than the last one, or clock off")
         node = self.stats.node(msg.node_id, msg.name)
         node.name, node.status_url, node.last_seen = msg.name, msg.status_url, time.monotonic()
         self.idents[msg.node_id] = ident
@@ -144,20 +157,32 @@ class TrainerServer:
                             heartbeat_s=self.cfg.server.heartbeat_s, max_lag=self.cfg.train.max_lag,
                             tracker_url=self.tracker_url, trainer_key=self.trainer_key)
 
-    def _next_item(self) -> TaskItem:
+    def _next_item(self, node_id: str) -> TaskItem:
         if self.retry:
             return self.retry.popleft()
+        # Now and then a prompt another node already has: the paired reward test needs shared prompts.
+        for i, (item, first) in enumerate(self.dups):
+            if first != node_id:
+                del self.dups[i]
+                return item
         self.items_drawn += 1
-        return next(self.items)
+        item = next(self.items)
+        if self.rng.random() < self.cfg.security.duplicate_share:
+            self.dups.append((item, node_id))
+            while len(self.dups) > 64:
+                self.dups.popleft()
+        return item
 
     def _assign(self, req: P.WorkRequest) -> P.WorkAssignment:
         min_version = max(0, self.version - self.cfg.train.max_lag)
         room = self.cfg.train.inflight_groups - len(self.held) - len(self.buffer)
+        mine = sum(1 for h in self.held.values() if h.node_id == req.node_id)
+        room = min(room, self.guard.cfg.max_held - mine)
         n = min(req.max_prompts, room) if req.version_loaded >= min_version else 0
         out = []
         deadline = time.monotonic() + self.cfg.server.assignment_timeout_s
         for _ in range(max(n, 0)):
-            item = self._next_item()
+            item = self._next_item(req.node_id)
             aid = uuid.uuid4().hex[:16]
             ids = encode_prompt(self.tok, item.prompt, self.task.system_prompt)
             self.held[aid] = Held(aid, req.node_id, item, ids, self.version, deadline)
@@ -165,33 +190,86 @@ class TrainerServer:
         return P.WorkAssignment(weights=self.weights_info(), min_version=min_version, assignments=out,
                                 sampling=self.sampling, retry_after_s=0.0 if out else 0.25)
 
-    def _intake(self, sub: P.RolloutSubmission) -> P.SubmissionResult:
-        accepted: list[str] = []
-        refused: dict[str, str] = {}
+    async def _intake(self, sub: P.RolloutSubmission) -> P.SubmissionResult:
+        node = self.stats.nodes[sub.node_id]
         version_reason = check_version(sub.version, self.version, self.limits)
         now = time.monotonic()
+        verdicts: dict[str, str | None] = {}
+        helds: dict[str, Held] = {}
         for r in sub.rollouts:
             held = self.held.get(r.assignment_id)
-            reason = version_reason or check_rollout(r, held, sub.node_id, sub.version, self.limits, now)
             if held is not None and held.node_id == sub.node_id:
                 del self.held[r.assignment_id]  # answered, well or not: never again
-                if reason:
-                    self.retry.append(held.item)  # the prompt goes to someone else
+                helds[r.assignment_id] = held
+            reason = version_reason or check_rollout(r, held, sub.node_id, sub.version, self.limits, now)
+            if reason == "unassigned" and r.assignment_id in self.expired:
+                reason = "late"  # an honest node that was too slow, not a forger
+            verdicts[r.assignment_id] = reason
+        # The audit, for groups that passed the structural checks.
+        if self.auditor is not None and not any(v in FRAUD for v in verdicts.values()):
+            suspect = sub.node_id in self.guard.suspects
+            for r in sub.rollouts:
+                if verdicts[r.assignment_id] is None and self.auditor.should_audit(node.accepted_groups, suspect):
+                    res = await asyncio.to_thread(self.auditor.audit, helds[r.assignment_id].prompt_ids,
+                                                  r.samples, sub.version)
+                    self.stats.audits += 1
+                    if res.reason:
+                        log.warning("audit of %s from %s failed: %s (max |dlogp| %.4f, worst logp %.1f)",
+                                    r.assignment_id, node.name, res.reason, res.max_diff, res.worst_logprob)
+                        verdicts[r.assignment_id] = res.reason
+                        break
+        fraud = next((v for v in verdicts.values() if v in FRAUD), None)
+        if fraud:
+            # One lie taints the whole submission: refuse all of it.
+            verdicts = {aid: v or "submission_refused" for aid, v in verdicts.items()}
+        accepted: list[str] = []
+        refused: dict[str, str] = {}
+        groups = []
+        for r in sub.rollouts:
+            reason = verdicts[r.assignment_id]
+            held = helds.get(r.assignment_id)
             if reason:
                 refused[r.assignment_id] = reason
                 self.stats.refuse(sub.node_id, reason)
+                if held is not None:
+                    self.retry.append(held.item)  # the prompt goes to someone else
                 continue
-            group = score_group(self.task, held, r.samples, sub.version, sub.node_id,
-                                lambda ids: self.tok.decode(ids, skip_special_tokens=True), self.limits)
-            self.buffer.append(group)
-            accepted.append(r.assignment_id)
-            self.stats.accepted(sub.node_id, sum(len(s.token_ids) for s in r.samples), self.version - sub.version)
+            groups.append(score_group(self.task, held, r.samples, sub.version, sub.node_id,
+                                      lambda ids: self.tok.decode(ids, skip_special_tokens=True), self.limits))
+        for g in groups:
+            self.guard.pairs.add(g.item.id, g.node_id, sum(g.rewards) / len(g.rewards))
+        if groups and self.guard.cherry_picking(sub.node_id):
+            fraud = "cherry_picking"
+            for g in groups:
+                refused[g.assignment_id] = fraud
+                self.stats.refuse(sub.node_id, fraud)
+            groups = []
+        for g in groups:
+            self.buffer.append(g)
+            accepted.append(g.assignment_id)
+            self.stats.accepted(sub.node_id, sum(len(s.token_ids) for s in g.samples), self.version - sub.version)
         if accepted:
             self.buffer_changed.set()
+        if fraud:
+            self._strike(sub.node_id, fraud)
         if refused:
-            log.warning("node %s: refused %d of %d rollouts (%s)", sub.node_id[:12], len(refused),
-                        len(sub.rollouts), ", ".join(sorted(set(refused.values()))))
+            log.warning("node %s: refused %d of %d rollouts (%s)", node.name, len(refused), len(sub.rollouts),
+                        ", ".join(sorted(set(refused.values()))))
         return P.SubmissionResult(accepted=accepted, refused=refused)
+
+    def _strike(self, node_id: str, reason: str) -> None:
+        if not self.guard.strike(node_id, reason):
+            log.warning("node %s: strike %d for %s; all its work is audited now", node_id[:12],
+                        self.guard.strikes[node_id], reason)
+            return
+        # Banned: its groups not yet trained on are dropped, its assignments go to others.
+        kept = [g for g in self.buffer if g.node_id != node_id]
+        self.stats.drop("banned_node", len(self.buffer) - len(kept))
+        self.buffer = kept
+        for aid in [a for a, h in self.held.items() if h.node_id == node_id]:
+            self.retry.append(self.held.pop(aid).item)
+        self.stats.banned.add(node_id)
+        log.warning("node %s banned after %d strikes (last: %s)", node_id[:12], self.guard.strikes[node_id], reason)
 
     async def _expire_loop(self) -> None:
         """Work past its deadline goes back to the queue (its late answer will be refused)."""
@@ -202,5 +280,8 @@ class TrainerServer:
             for h in late:
                 del self.held[h.assignment_id]
                 self.retry.append(h.item)
+                self.expired[h.assignment_id] = None
+            while len(self.expired) > 10_000:
+                self.expired.popitem(last=False)
             if late:
                 log.info("re-queued %d expired assignments", len(late))

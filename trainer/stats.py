@@ -60,6 +60,9 @@ class Summary(msgspec.Struct):
     nodes: list[NodeRow]
     steps: list[StepRow]
     evals: list[EvalRow]
+    audits: int = 0
+    audit_calibration: dict[str, float] = {}  # honest audits' largest |dlogp|: median, p99, max
+    banned: list[str] = []
 
 
 @dataclass
@@ -90,6 +93,9 @@ class RunStats:
         self.steps: list[StepRow] = []
         self.evals: list[EvalRow] = []
         self.nodes: dict[str, NodeStats] = {}
+        self.audits = 0
+        self.banned: set[str] = set()
+        self.calibration = None  # set by the trainer to the auditor's Calibration
 
         r = self.registry = CollectorRegistry()
         self.m_steps = PCounter("swarm_trainer_steps", "optimizer steps taken", registry=r)
@@ -142,6 +148,8 @@ class RunStats:
         return sum(n for _, n in recent[1:]) / max(now - recent[0][0], 1e-6)
 
     def node_state(self, ns: NodeStats, heartbeat_s: float) -> str:
+        if ns.node_id in self.banned:
+            return "banned"
         age = time.monotonic() - ns.last_seen
         return "healthy" if age <= 3 * heartbeat_s else "slow" if age <= 10 * heartbeat_s else "gone"
 
@@ -154,8 +162,10 @@ class RunStats:
             rows.append(NodeRow(ns.node_id, ns.name, st, ns.version_loaded, round(ns.tokens_per_s, 1),
                                 ns.accepted_groups, dict(ns.refused),
                                 round(time.monotonic() - ns.last_seen, 2), ns.status_url))
-        for st in ("healthy", "slow", "gone"):
+        for st in ("healthy", "slow", "gone", "banned"):
             self.m_nodes.labels(st).set(states[st])
         return Summary(self.run_dir, self.step, self.version, self.max_steps, round(self.elapsed(), 2), self.done,
                        self.accepted_groups, self.trained_groups, dict(self.dropped), dict(self.refused),
-                       self.tokens, round(self.tokens_per_s(), 1), rows, self.steps, self.evals)
+                       self.tokens, round(self.tokens_per_s(), 1), rows, self.steps, self.evals,
+                       self.audits, self.calibration.summary() if self.calibration else {},
+                       sorted(self.banned))

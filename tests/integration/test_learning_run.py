@@ -14,6 +14,7 @@ import msgspec
 import zmq
 
 from swarm import protocol as P
+from swarm.keys import KeyPair
 from tests.conftest import free_port, get_json, wait_json
 
 STEPS = 4
@@ -28,10 +29,11 @@ def _poke_with_garbage(port: int) -> list[str]:
     s.setsockopt(zmq.LINGER, 0)
     s.connect(f"tcp://127.0.0.1:{port}")
     codes = []
-    for frame in (os.urandom(64), msgspec.msgpack.encode({"type": "register", "node_id": 5}),
-                  P.encode(P.Register(node_id="x", name="y", max_prompts=0)),
-                  P.encode(P.WorkRequest(node_id="never-registered", version_loaded=0, max_prompts=1))):
-        s.send(frame)
+    kp = KeyPair.generate()
+    for frames in ([os.urandom(64)], [msgspec.msgpack.encode({"type": "register", "node_id": 5}), b"s" * 64],
+                   P.sign(P.Register(node_id=kp.public_hex, name="y", max_prompts=0), kp),
+                   P.sign(P.WorkRequest(node_id=kp.public_hex, version_loaded=0, max_prompts=1), kp)):
+        s.send_multipart(frames)
         codes.append(P.decode(s.recv()).code)
     s.close(0)
     ctx.term()
@@ -51,7 +53,7 @@ def test_trainer_and_node_learn_and_reload_live(tmp_path, procs):
     )
     summary_url = f"http://127.0.0.1:{hport}/api/summary"
     wait_json(summary_url, timeout=180, proc=trainer)
-    assert _poke_with_garbage(zport) == ["malformed", "malformed", "invalid", "unknown_node"]
+    assert _poke_with_garbage(zport) == ["unsigned", "malformed", "invalid", "unknown_node"]
 
     status_port = free_port()
     procs.start("node", "node", "--trainer", f"127.0.0.1:{zport}", "--data-dir", str(tmp_path / "node"),
@@ -63,6 +65,9 @@ def test_trainer_and_node_learn_and_reload_live(tmp_path, procs):
     assert summary["step"] == STEPS
     assert summary["accepted_groups"] >= STEPS * 4
     assert summary["refused"] == {}
+    # A new node's first groups are all audited against the trainer's own forward pass, and pass.
+    assert summary["audits"] >= 8
+    assert summary["audit_calibration"]["max"] < 0.05, summary["audit_calibration"]
     assert [e["step"] for e in summary["evals"]] == [0, 2, 4]
     assert len(summary["nodes"]) == 1 and summary["nodes"][0]["accepted_groups"] >= STEPS * 4
 

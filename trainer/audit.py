@@ -1,0 +1,107 @@
+"""The computation audit: re-score a node's samples with the exact weights it claims to have used.
+
+For an audited group the trainer runs a prefill of prompt + completion with the claimed version's
+published weights and compares, token by token, the node's log-probs with its own (same temperature,
+same precision). A node that tampered with tokens, made up log-probs, ran another model or claimed a
+version it did not use lands outside the tolerance. The same pass checks that every sampled token was
+plausible under the claimed sampling parameters: not vanishingly unlikely, and inside the top-p set.
+
+The tolerance is calibrated from honest nodes: every audit that passes records its largest deviation,
+and the run reports their distribution (`calibration`).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from swarm import protocol as P
+from trainer.policy import pack
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    rate: float = 0.1  # share of groups audited from established nodes
+    new_node_groups: int = 8  # every group of a node's first N is audited (and all of a suspect's)
+    tol: float = 0.05  # largest accepted |node log-prob - recomputed log-prob|, in nats
+    min_token_logprob: float = -18.0  # a sampled token less likely than e^-18 (1.5e-8) is implausible
+    top_p_slack: float = 1e-3
+
+
+@dataclass
+class AuditResult:
+    reason: str | None  # None when the group passed
+    max_diff: float
+    worst_logprob: float
+
+
+@dataclass
+class Calibration:
+    diffs: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float]:
+        if not self.diffs:
+            return {"audits": 0}
+        d = sorted(self.diffs)
+        q = lambda p: d[min(len(d) - 1, int(p * len(d)))]  # noqa: E731
+        return {"audits": len(d), "median": q(0.5), "p99": q(0.99), "max": d[-1]}
+
+
+class Auditor:
+    def __init__(self, model, pad_id: int, temperature: float, top_p: float, cfg: AuditConfig, seed: int = 0):
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.pad_id, self.temperature, self.top_p, self.cfg = pad_id, temperature, top_p, cfg
+        self.versions: dict[int, dict[str, torch.Tensor]] = {}
+        self.loaded: int | None = None
+        self.rng = random.Random(seed)
+        self.calibration = Calibration()
+        self._lock = threading.Lock()  # one audit at a time on the shared audit model
+
+    def remember(self, version: int, model, keep_from: int) -> None:
+        """Keep version `version`'s weights (a CPU copy) and forget those older than `keep_from`."""
+        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        with self._lock:
+            self.versions[version] = state
+            for v in [v for v in self.versions if v < keep_from]:
+                del self.versions[v]
+
+    def should_audit(self, groups_from_node: int, suspect: bool) -> bool:
+        if suspect or groups_from_node < self.cfg.new_node_groups:
+            return True
+        return self.rng.random() < self.cfg.rate
+
+    @torch.no_grad()
+    def audit(self, prompt_ids: list[int], samples: list[P.Sample], version: int) -> AuditResult:
+        with self._lock:
+            state = self.versions.get(version)
+            if state is None:
+                return AuditResult("unknown_version", 0.0, 0.0)
+            if self.loaded != version:
+                self.model.load_state_dict(state)
+                self.loaded = version
+            b = pack([prompt_ids] * len(samples), [s.token_ids for s in samples],
+                     [s.logprobs for s in samples], self.pad_id)
+            logits = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1].float()
+        logprobs = torch.log_softmax(logits / self.temperature, dim=-1)
+        mask = b.completion_mask.bool()
+        ours = logprobs.gather(-1, b.targets.unsqueeze(-1)).squeeze(-1)
+        diff = ((ours - b.old_logp).abs() * mask).max().item()
+        worst = ours.masked_fill(~mask, 0.0).min().item()
+        if diff > self.cfg.tol:
+            return AuditResult("logprob_mismatch", diff, worst)
+        if worst < self.cfg.min_token_logprob:
+            return AuditResult("implausible_token", diff, worst)
+        if self.top_p < 1.0:
+            # The nucleus: tokens whose more-likely competitors hold less than top_p of the mass.
+            probs = logprobs.exp()
+            p_tok = probs.gather(-1, b.targets.unsqueeze(-1))
+            mass_above = (probs * (probs > p_tok)).sum(-1)
+            outside = (mass_above > self.top_p + self.cfg.top_p_slack) & mask
+            if outside.any():
+                return AuditResult("outside_top_p", diff, worst)
+        self.calibration.diffs.append(diff)
+        return AuditResult(None, diff, worst)

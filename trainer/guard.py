@@ -1,0 +1,123 @@
+"""Who may talk to the trainer, how much, and what happens to those who cheat.
+
+- Admission: open, or an allowlist of keys; bans are by key, kept in RUN/bans.json so they survive a
+  restart.
+- Limits per key: a token bucket on messages, and a cap on assignments held at once.
+- Consequences: every fraud is a strike; `strikes_to_ban` strikes ban the key. A node with a strike is
+  a suspect: all of its groups are audited from then on.
+- Cherry-picking: a node that samples many completions and returns its best G sends honest-looking
+  log-probs, so no audit of its tokens can see it. Now and then the same prompt goes to two nodes; over
+  M shared prompts a one-sided paired z-test compares each node's mean reward with its partners'. An
+  honest node's differences average zero; a cherry-picker's are positive.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+# Reasons that mean the node lied or broke the protocol on purpose; `stale` and `late` are honest.
+FRAUD = frozenset({
+    "bad_length", "bad_token", "bad_logprob", "bad_finish", "wrong_group_size", "unassigned",
+    "future_version", "unknown_version", "logprob_mismatch", "implausible_token", "outside_top_p",
+    "cherry_picking",
+})
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    allowlist: frozenset[str] = frozenset()  # empty: open to anyone
+    strikes_to_ban: int = 3
+    msg_rate: float = 50.0  # messages per second per key, sustained
+    msg_burst: int = 200
+    max_held: int = 128  # assignments one node may hold at once
+    pair_z: float = 4.0  # z above which a node's reward excess over its partners is cherry-picking
+    pair_min: int = 12  # shared prompts needed before the test may fire
+
+
+class PairedRewards:
+    """Per node: the differences between its mean reward and another node's on the same prompt."""
+
+    def __init__(self):
+        self.by_item: dict[str, dict[str, float]] = defaultdict(dict)
+        self.n: Counter = Counter()
+        self.s: Counter = Counter()
+        self.ss: Counter = Counter()
+
+    def add(self, item_id: str, node_id: str, mean_reward: float) -> None:
+        seen = self.by_item[item_id]
+        for other, r in seen.items():
+            if other != node_id:
+                for a, d in ((node_id, mean_reward - r), (other, r - mean_reward)):
+                    self.n[a] += 1
+                    self.s[a] += d
+                    self.ss[a] += d * d
+        seen[node_id] = mean_reward
+
+    def z(self, node_id: str) -> tuple[int, float]:
+        n = self.n[node_id]
+        if n < 2:
+            return n, 0.0
+        mean = self.s[node_id] / n
+        var = max(self.ss[node_id] / n - mean * mean, 1e-4)  # floor: identical rewards are not infinite evidence
+        return n, mean / math.sqrt(var / n)
+
+
+class Guard:
+    def __init__(self, run_dir: str | Path, cfg: GuardConfig):
+        self.cfg = cfg
+        self.path = Path(run_dir) / "bans.json"
+        self.bans: dict[str, str] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.strikes: Counter = Counter()
+        self.suspects: set[str] = set()
+        self.pairs = PairedRewards()
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self.last_register_ms: dict[str, int] = {}
+
+    def admit(self, node_id: str) -> str | None:
+        if node_id in self.bans:
+            return "banned"
+        if self.cfg.allowlist and node_id not in self.cfg.allowlist:
+            return "not_allowed"
+        return None
+
+    def within_rate(self, node_id: str) -> bool:
+        now = time.monotonic()
+        tokens, last = self._buckets.get(node_id, (float(self.cfg.msg_burst), now))
+        tokens = min(self.cfg.msg_burst, tokens + (now - last) * self.cfg.msg_rate)
+        if tokens < 1.0:
+            self._buckets[node_id] = (tokens, now)
+            return False
+        self._buckets[node_id] = (tokens - 1.0, now)
+        return True
+
+    def fresh_register(self, node_id: str, time_ms: int) -> bool:
+        """A registration must be newer than the last one seen from this key, and roughly now."""
+        now_ms = int(time.time() * 1000)
+        if time_ms <= self.last_register_ms.get(node_id, 0) or abs(now_ms - time_ms) > 300_000:
+            return False
+        self.last_register_ms[node_id] = time_ms
+        return True
+
+    def strike(self, node_id: str, reason: str) -> bool:
+        """Record a fraud; returns True when it bans the node."""
+        self.strikes[node_id] += 1
+        self.suspects.add(node_id)
+        if self.strikes[node_id] >= self.cfg.strikes_to_ban:
+            self.ban(node_id, reason)
+            return True
+        return False
+
+    def ban(self, node_id: str, reason: str) -> None:
+        self.bans[node_id] = reason
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.bans, indent=1, sort_keys=True))
+        tmp.replace(self.path)
+
+    def cherry_picking(self, node_id: str) -> bool:
+        n, z = self.pairs.z(node_id)
+        return n >= self.cfg.pair_min and z > self.cfg.pair_z
