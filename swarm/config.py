@@ -80,7 +80,7 @@ class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     audit: bool = True
     audit_rate: float = 0.1  # share of an established node's groups re-scored by the trainer
     audit_new_node_groups: int = 8  # every group of a node's first N is audited
-    audit_tol: float = 0.05  # |node log-prob - trainer log-prob| above this (nats) is fraud
+    audit_tol: float = 0.01  # |node log-prob - trainer log-prob| above this (nats) is fraud
     min_token_logprob: float = -18.0  # a sampled token below this log-prob is implausible
     duplicate_share: float = 0.05  # prompts also given to a second node, for the cherry-picking test
     pair_z: float = 4.0

@@ -27,7 +27,7 @@ from trainer.policy import pack
 class AuditConfig:
     rate: float = 0.1  # share of groups audited from established nodes
     new_node_groups: int = 8  # every group of a node's first N is audited (and all of a suspect's)
-    tol: float = 0.05  # largest accepted |node log-prob - recomputed log-prob|, in nats
+    tol: float = 0.01  # largest accepted |node log-prob - recomputed log-prob|, in nats
     min_token_logprob: float = -18.0  # a sampled token less likely than e^-18 (1.5e-8) is implausible
     top_p_slack: float = 1e-3
 
