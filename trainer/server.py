@@ -59,6 +59,9 @@ class TrainerServer:
         self.version = 0
         self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
         self.items_drawn = 0
+        # The run's ledger (trainer/ledger.py) hears of every accepted and every dropped group.
+        self.on_accept: Callable[[Group], None] = lambda g: None
+        self.on_drop: Callable[[list[Group], str], None] = lambda gs, reason: None
 
     # ---- the learner's side -----------------------------------------------------------------------
 
@@ -69,6 +72,7 @@ class TrainerServer:
             for g in self.buffer:
                 if g.version < self.version - self.cfg.train.max_lag:
                     self.stats.drop("stale")
+                    self.on_drop([g], "stale")
                 else:
                     fresh.append(g)
             self.buffer = fresh
@@ -245,6 +249,7 @@ class TrainerServer:
                 self.stats.refuse(sub.node_id, fraud)
             groups = []
         for g in groups:
+            self.on_accept(g)  # on disk before the node hears "accepted"
             self.buffer.append(g)
             accepted.append(g.assignment_id)
             self.stats.accepted(sub.node_id, sum(len(s.token_ids) for s in g.samples), self.version - sub.version)
@@ -265,6 +270,7 @@ class TrainerServer:
         # Banned: its groups not yet trained on are dropped, its assignments go to others.
         kept = [g for g in self.buffer if g.node_id != node_id]
         self.stats.drop("banned_node", len(self.buffer) - len(kept))
+        self.on_drop([g for g in self.buffer if g.node_id == node_id], "banned_node")
         self.buffer = kept
         for aid in [a for a, h in self.held.items() if h.node_id == node_id]:
             self.retry.append(self.held.pop(aid).item)
