@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PCounter
+
+RATE_WINDOW_S = 10.0  # throughput rates are averaged over this many seconds
 
 
 class NodeRow(msgspec.Struct):
@@ -44,6 +48,15 @@ class EvalRow(msgspec.Struct):
     reward_mean: float
 
 
+class ThroughputSample(msgspec.Struct, array_like=True):
+    """Cumulative accepted counts at one instant; rates are differences between samples."""
+
+    t: float  # unix time
+    tokens: int
+    groups: int
+    nodes: dict[str, tuple[int, int]]  # node_id -> (tokens, groups)
+
+
 class Summary(msgspec.Struct):
     run_dir: str
     step: int
@@ -74,6 +87,7 @@ class NodeStats:
     tokens_per_s: float = 0.0
     last_seen: float = field(default_factory=time.monotonic)
     accepted_groups: int = 0
+    accepted_tokens: int = 0
     refused: Counter = field(default_factory=Counter)
 
 
@@ -96,6 +110,11 @@ class RunStats:
         self.audits = 0
         self.banned: set[str] = set()
         self.calibration = None  # set by the trainer to the auditor's Calibration
+        self.lag_counts: Counter = Counter()  # accepted groups by policy-version lag
+        # One sample a second (taken by the web view's ticker) for the throughput charts: an hour's worth.
+        self.history: deque[ThroughputSample] = deque(maxlen=3600)
+        # Returns the relay tree (a msgspec struct or dict) for the views; None until a tree exists.
+        self.tree_provider: Callable[[], Any] | None = None
 
         r = self.registry = CollectorRegistry()
         self.m_steps = PCounter("swarm_trainer_steps", "optimizer steps taken", registry=r)
@@ -110,6 +129,12 @@ class RunStats:
                                buckets=(0, 1, 2, 3, 4, 8), registry=r)
         self.m_step_s = Histogram("swarm_step_seconds", "optimizer step time", registry=r)
         self.m_nodes = Gauge("swarm_nodes", "registered nodes by state", ["state"], registry=r)
+        self.m_node_tps = Gauge("swarm_node_tokens_per_second", "accepted completion tokens/s over the last "
+                                "rate window", ["node"], registry=r)
+        self.m_node_version = Gauge("swarm_node_version_loaded", "policy version the node has loaded",
+                                    ["node"], registry=r)
+        self.m_node_age = Gauge("swarm_node_heartbeat_age_seconds", "seconds since the node was last heard",
+                                ["node"], registry=r)
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -123,8 +148,11 @@ class RunStats:
         self.accepted_groups += 1
         self.tokens += tokens
         self._token_times.append((time.monotonic(), tokens))
-        self.nodes[node_id].accepted_groups += 1
-        name = self.nodes[node_id].name
+        ns = self.nodes[node_id]
+        ns.accepted_groups += 1
+        ns.accepted_tokens += tokens
+        self.lag_counts[lag] += 1
+        name = ns.name
         self.m_accepted.labels(name).inc()
         self.m_tokens.labels(name).inc(tokens)
         self.m_lag.observe(lag)
@@ -147,6 +175,35 @@ class RunStats:
             return 0.0
         return sum(n for _, n in recent[1:]) / max(now - recent[0][0], 1e-6)
 
+    def sample(self, now: float | None = None) -> ThroughputSample:
+        """Record the cumulative counts now (called once a second by the web view)."""
+        s = ThroughputSample(time.time() if now is None else now, self.tokens, self.accepted_groups,
+                             {n.node_id: (n.accepted_tokens, n.accepted_groups) for n in self.nodes.values()})
+        self.history.append(s)
+        return s
+
+    def rates(self, i: int, window_s: float) -> tuple[float, float, dict[str, tuple[float, float]]]:
+        """(tokens/s, groups/s, per node) at history[i], averaged over the window_s before it.
+
+        Groups arrive in bursts (a node submits a whole batch at once), so a window of several seconds
+        gives a readable curve where a per-second difference would be all spikes."""
+        cur = self.history[i]
+        j = i
+        while j > 0 and cur.t - self.history[j - 1].t <= window_s + 1e-6:
+            j -= 1
+        if j == i:
+            return 0.0, 0.0, {n: (0.0, 0.0) for n in cur.nodes}
+        old = self.history[j]
+        dt = cur.t - old.t
+        nodes = {}
+        for n, (tok, grp) in cur.nodes.items():
+            otok, ogrp = old.nodes.get(n, (0, 0))
+            nodes[n] = ((tok - otok) / dt, (grp - ogrp) / dt)
+        return (cur.tokens - old.tokens) / dt, (cur.groups - old.groups) / dt, nodes
+
+    def tree(self) -> Any:
+        return self.tree_provider() if self.tree_provider is not None else None
+
     def node_state(self, ns: NodeStats, heartbeat_s: float) -> str:
         if ns.node_id in self.banned:
             return "banned"
@@ -164,6 +221,11 @@ class RunStats:
                                 round(time.monotonic() - ns.last_seen, 2), ns.status_url))
         for st in ("healthy", "slow", "gone", "banned"):
             self.m_nodes.labels(st).set(states[st])
+        node_rates = self.rates(len(self.history) - 1, RATE_WINDOW_S)[2] if self.history else {}
+        for ns in self.nodes.values():
+            self.m_node_tps.labels(ns.name).set(round(node_rates.get(ns.node_id, (0.0, 0.0))[0], 3))
+            self.m_node_version.labels(ns.name).set(ns.version_loaded)
+            self.m_node_age.labels(ns.name).set(round(time.monotonic() - ns.last_seen, 2))
         return Summary(self.run_dir, self.step, self.version, self.max_steps, round(self.elapsed(), 2), self.done,
                        self.accepted_groups, self.trained_groups, dict(self.dropped), dict(self.refused),
                        self.tokens, round(self.tokens_per_s(), 1), rows, self.steps, self.evals,
