@@ -63,11 +63,14 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 5555  # zmq ROUTER for nodes
     http_port: int = 5556  # /api and /metrics
+    web_port: int = 8265  # the live web view (0: any free port, -1: none); its /api is on http_port too
+    web_host: str = "127.0.0.1"  # set 0.0.0.0 to show the page to other machines
     tracker_port: int = 5557  # the relay tree's origin and tracker (weights leave the trainer only here)
     fanout: int = 4  # children per relay in each tree of the broadcast
     piece_bytes: int = 1 << 20  # broadcast piece size: a relay forwards each piece once verified
     heartbeat_s: float = 2.0
     assignment_timeout_s: float = 120.0  # work not answered by then is re-assigned
+    gone_after_s: float = 0.0  # a node silent this long is gone and its work re-assigned (0 = 10 x heartbeat_s)
     max_message_bytes: int = 8 * 2**20
 
 
@@ -85,6 +88,9 @@ class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     duplicate_share: float = 0.05  # prompts also given to a second node, for the cherry-picking test
     pair_z: float = 4.0
     pair_min: int = 12
+    # A new key's groups wait in quarantine, its prompts all shared with another node, until pair_min shared
+    # prompts clear it of cherry-picking (or, when it is alone, until it delivered this many audited groups).
+    probation_groups: int = 16
 
 
 class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -30,6 +30,7 @@ from trainer.policy import load_model, load_tokenizer
 from trainer.publisher import Publisher
 from trainer.server import TrainerServer
 from trainer.stats import EvalRow, RunStats, StepRow
+from trainer.web.view import WebView
 
 log = logging.getLogger("swarm.trainer")
 
@@ -63,7 +64,12 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
              run_dir / "trainer.pub")
     await origin.publish(await asyncio.to_thread(publisher.publish, model, 0), 0, None)
     host, http_port = cfg.server.host, cfg.server.http_port
-    http = await serve(make_app(stats, cfg.server.heartbeat_s, web_extra), host, http_port)
+    # The web view samples throughput once a second and serves the live page on its own port; its /api
+    # routes go on http_port too.
+    view = WebView(stats, cfg.server.heartbeat_s)
+    stats.tree_provider = lambda: origin.tracker.view(origin.latest, sorted(origin.versions))
+    http = await serve(make_app(stats, cfg.server.heartbeat_s, view.extra(web_extra)), host, http_port)
+    web_url = await view.start(cfg.server.web_host, cfg.server.web_port)
     sec = cfg.security
     guard = Guard(run_dir, GuardConfig(frozenset(sec.allowlist), sec.strikes_to_ban, sec.msg_rate, sec.msg_burst,
                                        sec.max_held, sec.pair_z, sec.pair_min))
@@ -81,6 +87,8 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
     await server.start()
     log.info("trainer up: nodes connect to tcp://%s:%d, status at http://%s:%d/api/summary",
              host, cfg.server.port, host, http_port)
+    if web_url:
+        log.info("web view at %s", web_url)
 
     async def run_eval(step: int) -> None:
         ev = await asyncio.to_thread(evaluate, model, tok, task, eval_items, t.max_tokens)
@@ -137,6 +145,7 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
         summary = stats.summary(cfg.server.heartbeat_s)
         (run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
         await server.stop()
+        await view.stop()
         await http.cleanup()
         await origin.stop()
     return stats
