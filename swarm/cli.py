@@ -17,6 +17,7 @@ anywhere generate rollouts with vLLM; every rollout is checked and every reward 
   swarm train CONFIG.toml            run a trainer (CLI --set overrides the file)
   swarm node --trainer HOST:PORT     run an inference node on this machine's accelerator
   swarm model build DIR              write the embedded default model (offline, deterministic)
+  swarm status --trainer HOST:PORT   a running trainer's figures in the terminal (live page: its --web-port)
 """
 
 
@@ -35,7 +36,8 @@ def _config(args):
 
     overrides = list(args.set or [])
     for flag, key in (("run_dir", "run_dir"), ("model", "model.path"), ("port", "server.port"),
-                      ("http_port", "server.http_port"), ("host", "server.host"), ("max_steps", "train.max_steps")):
+                      ("http_port", "server.http_port"), ("host", "server.host"), ("max_steps", "train.max_steps"),
+                      ("web_port", "server.web_port")):
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f'{key}="{value}"' if isinstance(value, str) else f"{key}={value}")
@@ -50,6 +52,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="address to serve on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="zmq port nodes connect to (default 5555)")
     p.add_argument("--http-port", type=int, help="HTTP port for weights, /api and /metrics (default 5556)")
+    p.add_argument("--web-port", type=int, help="port of the live web view on server.web_host "
+                   "(default 8265; 0: any free port, -1: none)")
     p.add_argument("--max-steps", type=int, help="optimizer steps to run")
 
 
@@ -77,6 +81,12 @@ def cmd_node(args) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def cmd_status(args) -> int:
+    from swarm.status import run
+
+    return run(args.trainer, watch=args.watch, as_json=args.json)
 
 
 def cmd_model_build(args) -> int:
@@ -126,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--relay-host", default="127.0.0.1", help="address other nodes reach this node's relay at")
     p.add_argument("--relay-port", type=int, default=0, help="port of this node's relay (0: any free)")
     p.set_defaults(fn=cmd_node)
+
+    p = sub.add_parser("status", help="a running trainer's figures in the terminal", description=(
+        "Print what the trainer's web view shows: throughput, learning curve, lag, refusals, the node table "
+        "and the relay tree, read from its /api/view JSON."))
+    p.add_argument("--trainer", default="127.0.0.1:8265",
+                   help="the trainer's web port or HTTP port, HOST:PORT or a URL (default 127.0.0.1:8265)")
+    p.add_argument("--watch", type=float, default=0.0, metavar="SECONDS", help="print again every SECONDS")
+    p.add_argument("--json", action="store_true", help="print the raw JSON instead")
+    p.set_defaults(fn=cmd_status)
 
     p = sub.add_parser("model", help="model utilities")
     msub = p.add_subparsers(dest="model_command", required=True)

@@ -87,6 +87,12 @@ def run_demo(args) -> int:
         cfg.server.http_port = free_port()
     elif args.http_port is not None:
         cfg.server.http_port = args.http_port
+    if args.web_port is not None:
+        cfg.server.web_port = args.web_port
+    elif cfg.server.web_port > 0 and not _port_free(cfg.server.web_port):
+        cfg.server.web_port = free_port()
+    web_host = "127.0.0.1" if cfg.server.web_host in ("", "0.0.0.0") else cfg.server.web_host
+    web_url = f"http://{web_host}:{cfg.server.web_port}/" if cfg.server.web_port > 0 else None
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").unlink(missing_ok=True)
@@ -99,6 +105,8 @@ def run_demo(args) -> int:
     print(f"demo: run dir {run_dir}, trainer on tcp://127.0.0.1:{cfg.server.port}, "
           f"status http://127.0.0.1:{cfg.server.http_port}/api/summary")
     print(f"demo: logs in {run_dir}/trainer.log and {run_dir}/node*.log")
+    if web_url:
+        print(f"demo: live web view at {web_url} (in a terminal: swarm status --trainer {web_url})")
     procs: list[subprocess.Popen] = []
     logs = []
     try:
@@ -130,7 +138,7 @@ def run_demo(args) -> int:
                 continue
             if not announced:
                 print(f"[{time.monotonic() - t0:6.0f}s] trainer up; RL runs for {args.minutes:g} min "
-                      f"or {cfg.train.max_steps} steps")
+                      f"or {cfg.train.max_steps} steps" + (f"; watch it at {web_url}" if web_url else ""))
                 announced = True
             if time.monotonic() - last_print >= 5:
                 print(_fmt_progress(s, t0), flush=True)
