@@ -76,6 +76,8 @@ class Summary(msgspec.Struct):
     audits: int = 0
     audit_calibration: dict[str, float] = {}  # honest audits' largest |dlogp|: median, p99, max
     banned: list[str] = []
+    audit_seconds: float = 0.0  # wall time spent in computation audits
+    quarantined: int = 0  # groups of nodes on probation, waiting to be released to the learner
 
 
 @dataclass
@@ -108,6 +110,8 @@ class RunStats:
         self.evals: list[EvalRow] = []
         self.nodes: dict[str, NodeStats] = {}
         self.audits = 0
+        self.audit_seconds = 0.0
+        self.quarantined = 0
         self.banned: set[str] = set()
         self.calibration = None  # set by the trainer to the auditor's Calibration
         self.lag_counts: Counter = Counter()  # accepted groups by policy-version lag
@@ -230,4 +234,4 @@ class RunStats:
                        self.accepted_groups, self.trained_groups, dict(self.dropped), dict(self.refused),
                        self.tokens, round(self.tokens_per_s(), 1), rows, self.steps, self.evals,
                        self.audits, self.calibration.summary() if self.calibration else {},
-                       sorted(self.banned))
+                       sorted(self.banned), round(self.audit_seconds, 3), self.quarantined)
