@@ -9,6 +9,10 @@
   log-probs, so no audit of its tokens can see it. Now and then the same prompt goes to two nodes; over
   M shared prompts a one-sided paired z-test compares each node's mean reward with its partners'. An
   honest node's differences average zero; a cherry-picker's are positive.
+- Probation: a new key's groups wait in a quarantine, every one of its prompts also goes to another node,
+  and only once `pair_min` shared prompts show no significant reward excess is it established and its
+  groups released to the learner. So a cherry-picker is caught before any of its work is trained on.
+  A node with nobody to be paired with (it is alone) is released after `probation_groups` audited groups.
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ class Guard:
         self.pairs = PairedRewards()
         self._buckets: dict[str, tuple[float, float]] = {}
         self.last_register_ms: dict[str, int] = {}
+        self.probation: dict[str, int] = {}  # node -> groups it delivered while on probation
+        self.established: set[str] = set()
 
     def admit(self, node_id: str) -> str | None:
         if node_id in self.bans:
@@ -117,6 +123,24 @@ class Guard:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.bans, indent=1, sort_keys=True))
         tmp.replace(self.path)
+
+    def begin_probation(self, node_id: str) -> None:
+        """A key seen for the first time starts on probation (a re-registration changes nothing)."""
+        if node_id not in self.established:
+            self.probation.setdefault(node_id, 0)
+
+    def probation_verdict(self, node_id: str, probation_groups: int, has_partner: bool) -> str | None:
+        """"cherry_picking", "released", or None while the evidence is not in yet."""
+        n, z = self.pairs.z(node_id)
+        if n >= self.cfg.pair_min:
+            return "cherry_picking" if z > self.cfg.pair_z else "released"
+        if not has_partner and self.probation.get(node_id, 0) >= probation_groups:
+            return "released"  # nobody to compare with; every one of its groups passed the audit
+        return None
+
+    def release(self, node_id: str) -> None:
+        self.probation.pop(node_id, None)
+        self.established.add(node_id)
 
     def cherry_picking(self, node_id: str) -> bool:
         n, z = self.pairs.z(node_id)

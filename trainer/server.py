@@ -8,6 +8,11 @@ in time goes back to the front of the queue for someone else.
 A submission passes the structural checks of trainer/intake.py, then (for a sampled share of groups,
 and every group of new or suspect nodes) the computation audit of trainer/audit.py, before any of it
 may enter the buffer the learner draws from. A fraud refuses the whole submission and strikes the node.
+
+A new key is on probation (trainer/guard.py): every prompt it gets is also handed to another node, and
+its accepted groups wait in `quarantine` (never seen by the learner) until the paired reward test clears
+it; then they move to the buffer, or, if the test fires, they are dropped and the node struck. Nodes
+that are all new at once are paired with each other, so a fresh swarm does not wait on itself.
 """
 
 from __future__ import annotations
@@ -55,10 +60,12 @@ class TrainerServer:
         self.held: dict[str, Held] = {}
         self.expired: collections.OrderedDict[str, None] = collections.OrderedDict()  # recently expired ids
         self.buffer: list[Group] = []  # accepted, not yet trained on
+        self.quarantine: list[Group] = []  # accepted from nodes on probation, not yet released to the buffer
         self.buffer_changed = asyncio.Event()
         self.version = 0
         self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
         self.items_drawn = 0
+        self.gone_after_s = cfg.server.gone_after_s or 10 * cfg.server.heartbeat_s
         # The run's ledger (trainer/ledger.py) hears of every accepted and every dropped group.
         self.on_accept: Callable[[Group], None] = lambda g: None
         self.on_drop: Callable[[list[Group], str], None] = lambda gs, reason: None
@@ -156,24 +163,29 @@ class TrainerServer:
         node = self.stats.node(msg.node_id, msg.name)
         node.name, node.status_url, node.last_seen = msg.name, msg.status_url, time.monotonic()
         self.idents[msg.node_id] = ident
+        if self.cfg.security.probation_groups > 0:
+            self.guard.begin_probation(msg.node_id)
         log.info("node %s registered (%s)", msg.name, msg.node_id[:12])
         return P.Registered(node_id=msg.node_id, weights=self.weights_info(), sampling=self.sampling,
                             heartbeat_s=self.cfg.server.heartbeat_s, max_lag=self.cfg.train.max_lag,
                             tracker_url=self.tracker_url, trainer_key=self.trainer_key)
 
     def _next_item(self, node_id: str) -> TaskItem:
-        if self.retry:
-            return self.retry.popleft()
-        # Now and then a prompt another node already has: the paired reward test needs shared prompts.
+        # A prompt another node already has comes first: the paired reward test needs shared prompts, and a
+        # node on probation waits for them.
         for i, (item, first) in enumerate(self.dups):
             if first != node_id:
                 del self.dups[i]
                 return item
-        self.items_drawn += 1
-        item = next(self.items)
-        if self.rng.random() < self.cfg.security.duplicate_share:
+        if self.retry:
+            item = self.retry.popleft()
+        else:
+            self.items_drawn += 1
+            item = next(self.items)
+        # Every prompt of a node on probation is shared; an established node's now and then.
+        if node_id in self.guard.probation or self.rng.random() < self.cfg.security.duplicate_share:
             self.dups.append((item, node_id))
-            while len(self.dups) > 64:
+            while len(self.dups) > 4 * max(64, self.cfg.security.probation_groups):
                 self.dups.popleft()
         return item
 
@@ -182,6 +194,10 @@ class TrainerServer:
         room = self.cfg.train.inflight_groups - len(self.held) - len(self.buffer)
         mine = sum(1 for h in self.held.values() if h.node_id == req.node_id)
         room = min(room, self.guard.cfg.max_held - mine)
+        if req.node_id in self.guard.probation:
+            # On probation a node has at most probation_groups out or waiting in quarantine at once.
+            waiting = sum(1 for g in self.quarantine if g.node_id == req.node_id)
+            room = min(room, self.cfg.security.probation_groups - mine - waiting)
         n = min(req.max_prompts, room) if req.version_loaded >= min_version else 0
         out = []
         deadline = time.monotonic() + self.cfg.server.assignment_timeout_s
@@ -209,14 +225,16 @@ class TrainerServer:
             if reason == "unassigned" and r.assignment_id in self.expired:
                 reason = "late"  # an honest node that was too slow, not a forger
             verdicts[r.assignment_id] = reason
-        # The audit, for groups that passed the structural checks.
+        # The audit, for groups that passed the structural checks: all of a suspect's or a new node's.
         if self.auditor is not None and not any(v in FRAUD for v in verdicts.values()):
-            suspect = sub.node_id in self.guard.suspects
+            suspect = sub.node_id in self.guard.suspects or sub.node_id in self.guard.probation
             for r in sub.rollouts:
                 if verdicts[r.assignment_id] is None and self.auditor.should_audit(node.accepted_groups, suspect):
+                    t0 = time.perf_counter()
                     res = await asyncio.to_thread(self.auditor.audit, helds[r.assignment_id].prompt_ids,
                                                   r.samples, sub.version)
                     self.stats.audits += 1
+                    self.stats.audit_seconds += time.perf_counter() - t0
                     if res.reason:
                         log.warning("audit of %s from %s failed: %s (max |dlogp| %.4f, worst logp %.1f)",
                                     r.assignment_id, node.name, res.reason, res.max_diff, res.worst_logprob)
@@ -242,7 +260,8 @@ class TrainerServer:
                                       lambda ids: self.tok.decode(ids, skip_special_tokens=True), self.limits))
         for g in groups:
             self.guard.pairs.add(g.item.id, g.node_id, sum(g.rewards) / len(g.rewards))
-        if groups and self.guard.cherry_picking(sub.node_id):
+        probation = sub.node_id in self.guard.probation
+        if groups and not probation and self.guard.cherry_picking(sub.node_id):
             fraud = "cherry_picking"
             for g in groups:
                 refused[g.assignment_id] = fraud
@@ -250,24 +269,79 @@ class TrainerServer:
             groups = []
         for g in groups:
             self.on_accept(g)  # on disk before the node hears "accepted"
-            self.buffer.append(g)
+            (self.quarantine if probation else self.buffer).append(g)
             accepted.append(g.assignment_id)
             self.stats.accepted(sub.node_id, sum(len(s.token_ids) for s in g.samples), self.version - sub.version)
-        if accepted:
+        if probation:
+            self.guard.probation[sub.node_id] += len(groups)
+        elif accepted:
             self.buffer_changed.set()
         if fraud:
             self._strike(sub.node_id, fraud)
+        if groups:  # new shared prompts: this node's and its partners' verdicts may be in
+            self._review_probation()
         if refused:
             log.warning("node %s: refused %d of %d rollouts (%s)", node.name, len(refused), len(sub.rollouts),
                         ", ".join(sorted(set(refused.values()))))
         return P.SubmissionResult(accepted=accepted, refused=refused)
 
+    # ---- probation ---------------------------------------------------------------------------------
+
+    def _has_partner(self, node_id: str) -> bool:
+        """Is there another live node this one's prompts can be shared with?"""
+        now = time.monotonic()
+        return any(n != node_id and n not in self.guard.bans and now - ns.last_seen <= self.gone_after_s
+                   for n, ns in self.stats.nodes.items())
+
+    def _drop_quarantined(self, node_id: str | None, reason: str, pred=lambda g: True) -> list[Group]:
+        """Take groups out of quarantine (of one node, or all when None) and count them as dropped."""
+        out = [g for g in self.quarantine if (node_id is None or g.node_id == node_id) and pred(g)]
+        if out:
+            ids = {id(g) for g in out}
+            self.quarantine = [g for g in self.quarantine if id(g) not in ids]
+            self.stats.drop(reason, len(out))
+            self.on_drop(out, reason)
+        self.stats.quarantined = len(self.quarantine)
+        return out
+
+    def _review_probation(self) -> None:
+        """Release nodes the paired test cleared, drop and strike those it caught, drop what went stale."""
+        oldest = self.version - self.cfg.train.max_lag
+        stale = self._drop_quarantined(None, "stale_in_quarantine", lambda g: g.version < oldest)
+        if stale:
+            log.info("dropped %d quarantined groups that went stale", len(stale))
+        for node_id in list(self.guard.probation):
+            verdict = self.guard.probation_verdict(node_id, self.cfg.security.probation_groups,
+                                                   self._has_partner(node_id))
+            if verdict == "released":
+                self.guard.release(node_id)
+                mine = [g for g in self.quarantine if g.node_id == node_id]
+                self.quarantine = [g for g in self.quarantine if g.node_id != node_id]
+                self.stats.quarantined = len(self.quarantine)
+                self.buffer.extend(mine)
+                self.buffer_changed.set()
+                n, z = self.guard.pairs.z(node_id)
+                log.info("node %s passed probation (%d shared prompts, z %.2f): %d groups released",
+                         node_id[:12], n, z, len(mine))
+            elif verdict == "cherry_picking" and any(g.node_id == node_id for g in self.quarantine):
+                caught = self._drop_quarantined(node_id, "cherry_picking")
+                for _ in caught:
+                    self.stats.refuse(node_id, "cherry_picking")
+                n, z = self.guard.pairs.z(node_id)
+                log.warning("node %s: reward excess over its partners on %d shared prompts (z %.1f): "
+                            "cherry-picking; %d quarantined groups dropped", node_id[:12], n, z, len(caught))
+                self._strike(node_id, "cherry_picking")
+
     def _strike(self, node_id: str, reason: str) -> None:
+        # A node on probation has earned no trust yet: a fraud drops everything it has in quarantine.
+        if node_id in self.guard.probation:
+            self._drop_quarantined(node_id, "fraud_on_probation")
         if not self.guard.strike(node_id, reason):
             log.warning("node %s: strike %d for %s; all its work is audited now", node_id[:12],
                         self.guard.strikes[node_id], reason)
             return
         # Banned: its groups not yet trained on are dropped, its assignments go to others.
+        self.guard.probation.pop(node_id, None)
         kept = [g for g in self.buffer if g.node_id != node_id]
         self.stats.drop("banned_node", len(self.buffer) - len(kept))
         self.on_drop([g for g in self.buffer if g.node_id == node_id], "banned_node")
@@ -278,11 +352,13 @@ class TrainerServer:
         log.warning("node %s banned after %d strikes (last: %s)", node_id[:12], self.guard.strikes[node_id], reason)
 
     async def _expire_loop(self) -> None:
-        """Work past its deadline goes back to the queue (its late answer will be refused)."""
+        """Work past its deadline, or held by a node gone silent, goes back to the queue (a late answer is
+        refused as `late`). Probation is reviewed too: a node may be left alone when its partners go."""
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(min(1.0, self.gone_after_s / 4))
             now = time.monotonic()
-            late = [h for h in self.held.values() if h.deadline < now]
+            gone = {n for n, ns in self.stats.nodes.items() if now - ns.last_seen > self.gone_after_s}
+            late = [h for h in self.held.values() if h.deadline < now or h.node_id in gone]
             for h in late:
                 del self.held[h.assignment_id]
                 self.retry.append(h.item)
@@ -290,4 +366,5 @@ class TrainerServer:
             while len(self.expired) > 10_000:
                 self.expired.popitem(last=False)
             if late:
-                log.info("re-queued %d expired assignments", len(late))
+                log.info("re-queued %d expired assignments (or held by gone nodes)", len(late))
+            self._review_probation()
