@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 EXTRA   ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP   := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: install demo test bench lint clean
+.PHONY: install browser demo test bench lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,8 +22,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/swarm demo $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q $(ARGS)
+
+# The web view's browser test drives Debian's chromium through Playwright (the dev extra); Playwright
+# never downloads a browser. CI runs as root; elsewhere install chromium once, as root.
+browser:
+	command -v chromium >/dev/null 2>&1 || { apt-get update && apt-get install -y chromium; }
 
 bench: $(STAMP)
 	$(PY) bench/node.py
