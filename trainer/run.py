@@ -1,9 +1,13 @@
 """`swarm train`: the learning run, top to bottom.
 
-Start: load the policy, publish it as version 0, open the node service (zmq) and the HTTP side, and
-evaluate the starting point. Then loop: wait for a batch of accepted groups, take one GRPO step,
-publish and announce the new version, evaluate every `eval_every` steps. Nodes keep generating while
-the learner works; the step runs on a worker thread so the services never stall.
+Start (or resume from the newest complete checkpoint): load the policy, publish it, open the node
+service (zmq), the relay tree's origin and the HTTP side, and evaluate the starting point. Then loop:
+wait for a batch of accepted groups, take one GRPO step, publish and announce the new version, log the
+batch, evaluate every `eval_every` steps and checkpoint every `checkpoint_every`. Nodes keep generating
+while the learner works; the step runs on a worker thread so the services never stall.
+
+Versions only ever go up: a resumed run publishes its first version above every version already
+published, so a node never sees one number name two different sets of weights.
 """
 
 from __future__ import annotations
@@ -21,10 +25,19 @@ from rewards.registry import make_task
 from swarm.config import RunConfig, dump_config
 from swarm.keys import KeyPair
 from trainer.audit import AuditConfig, Auditor
+from trainer.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+)
 from trainer.grpo import LossConfig
 from trainer.guard import Guard, GuardConfig
 from trainer.http_api import make_app, serve
 from trainer.learner import Learner, evaluate
+from trainer.ledger import Ledger
 from trainer.model_prep import prepare_base_model
 from trainer.policy import load_model, load_tokenizer
 from trainer.publisher import Publisher
@@ -35,7 +48,14 @@ from trainer.web.view import WebView
 log = logging.getLogger("swarm.trainer")
 
 
-async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
+def make_learner(cfg: RunConfig, model, tok) -> Learner:
+    t = cfg.train
+    return Learner(model, tok, t.lr, t.weight_decay, t.grad_clip,
+                   LossConfig(t.eps_low, t.eps_high, t.delta, t.seq_is_cap, t.kl_beta),
+                   temperature=t.temperature, scale_adv_by_std=t.scale_adv_by_std)
+
+
+async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> RunStats:
     t = cfg.train
     torch.set_num_threads(t.torch_threads)
     torch.manual_seed(t.seed)
@@ -48,11 +68,28 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
     model.eval()
     task = make_task(cfg.task.name, **cfg.task.params)
     eval_items = task.eval_items(cfg.task.eval_size)
-    learner = Learner(model, tok, t.lr, t.weight_decay, t.grad_clip,
-                      LossConfig(t.eps_low, t.eps_high, t.delta, t.seq_is_cap, t.kl_beta),
-                      temperature=t.temperature, scale_adv_by_std=t.scale_adv_by_std)
+    learner = make_learner(cfg, model, tok)
     publisher = Publisher(run_dir, base, keep=t.keep_versions, max_shard_bytes=cfg.model.max_shard_bytes)
     stats = RunStats(str(run_dir), t.max_steps)
+    ledger = Ledger(run_dir)
+
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    state: TrainerState | None = None
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, model, learner.opt)
+        ledger.truncate_after(state.step)
+        stats.step, stats.steps, stats.evals = state.step, state.steps, state.evals
+        stats.accepted_groups, stats.tokens = state.accepted_groups, state.tokens
+        stats.dropped.update(state.dropped)
+        stats.refused.update(state.refused)
+        stats.trained_groups = sum(r.groups - r.zero_adv_groups for r in state.steps)
+        log.info("resumed from %s (step %d)", ckpt, state.step)
+    elif resume:
+        log.warning("--resume: no checkpoint in %s, starting afresh", run_dir)
+    elif (run_dir / "accepted.jsonl").exists() and (run_dir / "accepted.jsonl").stat().st_size:
+        raise ValueError(f"{run_dir} holds an earlier run: pass --resume, or use another run dir")
+    # A version number is never reused, even for a run resumed from an older checkpoint.
+    version = max([*publisher.versions(), state.version if state else -1]) + 1
 
     # Weights leave the trainer only through the relay tree, signed with the trainer's key.
     key = KeyPair.load_or_create(run_dir / "trainer.key")
@@ -62,14 +99,6 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
     await origin.start()
     log.info("trainer key fingerprint %s (nodes pin it with --trainer-key %s)", key.fingerprint,
              run_dir / "trainer.pub")
-    await origin.publish(await asyncio.to_thread(publisher.publish, model, 0), 0, None)
-    host, http_port = cfg.server.host, cfg.server.http_port
-    # The web view samples throughput once a second and serves the live page on its own port; its /api
-    # routes go on http_port too.
-    view = WebView(stats, cfg.server.heartbeat_s)
-    stats.tree_provider = lambda: origin.tracker.view(origin.latest, sorted(origin.versions))
-    http = await serve(make_app(stats, cfg.server.heartbeat_s, view.extra(web_extra)), host, http_port)
-    web_url = await view.start(cfg.server.web_host, cfg.server.web_port)
     sec = cfg.security
     guard = Guard(run_dir, GuardConfig(frozenset(sec.allowlist), sec.strikes_to_ban, sec.msg_rate, sec.msg_burst,
                                        sec.max_held, sec.pair_z, sec.pair_min))
@@ -78,12 +107,36 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
         auditor = Auditor(model, tok.pad_token_id, t.temperature, t.top_p,
                           AuditConfig(sec.audit_rate, sec.audit_new_node_groups, sec.audit_tol,
                                       sec.min_token_logprob), seed=t.seed)
-        auditor.remember(0, model, keep_from=0)
         stats.calibration = auditor.calibration
+        # Versions published before a resume may still be answered with: the audit needs their weights.
+        for v in publisher.versions():
+            if v >= version - t.max_lag:
+                auditor.remember(v, load_model(publisher.path(v)), keep_from=version - t.max_lag)
+        auditor.remember(version, model, keep_from=version - t.max_lag)
     stats.banned.update(guard.bans)
+    await origin.publish(await asyncio.to_thread(publisher.publish, model, version), version, None)
+    stats.version = version
+
+    items = task.train_items(seed=cfg.task.seed, start=state.items_drawn if state else 0)
     server = TrainerServer(cfg, task, tok, model.config.vocab_size, stats,
-                           lambda v: f"{origin.url}/v/{v}/manifest", task.train_items(seed=cfg.task.seed),
+                           lambda v: f"{origin.url}/v/{v}/manifest", items,
                            tracker_url=origin.url, trainer_key=key.public_hex, guard=guard, auditor=auditor)
+    server.version = version
+    server.on_accept = ledger.accepted
+    server.on_drop = lambda groups, reason: ledger.dropped(groups, reason, stats.step)
+    if state is not None:
+        server.items_drawn = state.items_drawn
+        server.retry.extend(state.retry)
+        restore_rng(server.rng, state.server_rng)
+        server.buffer = ledger.pending()  # accepted before the crash, not trained on in a kept step
+        log.info("resume: %d accepted groups back in the buffer", len(server.buffer))
+    host, http_port = cfg.server.host, cfg.server.http_port
+    # The web view samples throughput once a second and serves the live page on its own port; its /api
+    # routes go on http_port too.
+    view = WebView(stats, cfg.server.heartbeat_s)
+    stats.tree_provider = lambda: origin.tracker.view(origin.latest, sorted(origin.versions))
+    http = await serve(make_app(stats, cfg.server.heartbeat_s, view.extra(web_extra)), host, http_port)
+    web_url = await view.start(cfg.server.web_host, cfg.server.web_port)
     await server.start()
     log.info("trainer up: nodes connect to tcp://%s:%d, status at http://%s:%d/api/summary",
              host, cfg.server.port, host, http_port)
@@ -97,51 +150,66 @@ async def run_training(cfg: RunConfig, web_extra=None) -> RunStats:
         log.info("eval step %d: held-out greedy accuracy %.3f (mean reward %.3f)", step, ev["accuracy"],
                  ev["reward_mean"])
 
-    batch_log = open(run_dir / "batches.jsonl", "ab")
+    async def checkpoint() -> None:
+        st = TrainerState(stats.step, version, server.items_drawn,
+                          list(server.retry) + [h.item for h in server.held.values()], rng_state(server.rng),
+                          stats.steps, stats.evals, stats.accepted_groups, stats.tokens, dict(stats.dropped),
+                          dict(stats.refused), stats.elapsed())
+        path = await asyncio.to_thread(save_checkpoint, run_dir, model, learner.opt, st)
+        log.info("checkpoint %s", path.name)
+
     try:
-        await run_eval(0)
-        stats.t0 = time.time()  # the RL clock starts once everything is up
+        if state is None:
+            await run_eval(0)
+            stats.t0 = time.time()  # the RL clock starts once everything is up
+        else:
+            stats.t0 = time.time() - state.elapsed_s
         deadline = time.monotonic() + t.max_minutes * 60 if t.max_minutes > 0 else float("inf")
         while stats.step < t.max_steps and time.monotonic() < deadline:
             groups = await server.take_batch(t.prompts_per_step)
             t0 = time.perf_counter()
             st = await asyncio.to_thread(learner.step, groups)
             stats.step += 1
+            version += 1
             if auditor is not None:  # before the announcement: a node may answer with it at once
-                await asyncio.to_thread(auditor.remember, stats.step, model, stats.step - t.max_lag)
-            path = await asyncio.to_thread(publisher.publish, model, stats.step)
-            await origin.publish(path, stats.step, stats.step - 1)
-            await server.announce(stats.step)
-            stats.version = stats.step
+                await asyncio.to_thread(auditor.remember, version, model, version - t.max_lag)
+            path = await asyncio.to_thread(publisher.publish, model, version)
+            await origin.publish(path, version, version - 1)
+            await server.announce(version)
+            stats.version = version
+            ledger.batch(stats.step, groups)
             secs = time.perf_counter() - t0
             zero = int(st["zero_adv_groups"])
             stats.trained_groups += len(groups) - zero
             stats.drop("zero_advantage", zero)
             rewards = [r for g in groups for r in g.rewards]
             correct = [c for g in groups for c in g.correct]
-            lag = sum(stats.step - 1 - g.version for g in groups) / len(groups)
-            row = StepRow(stats.step, stats.step, round(stats.elapsed(), 2), sum(rewards) / len(rewards),
+            lag = sum(version - 1 - g.version for g in groups) / len(groups)
+            row = StepRow(stats.step, version, round(stats.elapsed(), 2), sum(rewards) / len(rewards),
                           sum(correct) / len(correct), len(groups), zero, lag, st.get("loss", 0.0),
                           st.get("clip_frac", 0.0), round(secs, 3))
             stats.steps.append(row)
-            # The record of what each step trained on: audits, accounting and replays read it.
-            batch_log.write(msgspec.json.encode({
-                "step": stats.step, "groups": [[g.node_id, g.assignment_id, g.item.id, g.version] for g in groups],
-            }) + b"\n")
-            batch_log.flush()
             stats.m_steps.inc()
-            stats.m_version.set(stats.step)
+            stats.m_version.set(version)
             stats.m_reward.set(row.reward_mean)
             stats.m_step_s.observe(secs)
-            log.info("step %d: reward %.3f correct %.3f lag %.2f zero-adv %d/%d loss %.4f (%.2fs)", stats.step,
-                     row.reward_mean, row.correct_mean, lag, zero, len(groups), row.loss, secs)
+            log.info("step %d (v%d): reward %.3f correct %.3f lag %.2f zero-adv %d/%d loss %.4f (%.2fs)",
+                     stats.step, version, row.reward_mean, row.correct_mean, lag, zero, len(groups), row.loss, secs)
             if stats.step % t.eval_every == 0:
                 await run_eval(stats.step)
+            if t.checkpoint_every and stats.step % t.checkpoint_every == 0:
+                await checkpoint()
         if not stats.evals or stats.evals[-1].step != stats.step:
             await run_eval(stats.step)
+        # The run is over: what is left in the buffer will not be trained on. Say so in the ledger.
+        if server.buffer:
+            ledger.dropped(server.buffer, "run_ended", stats.step)
+            stats.drop("run_ended", len(server.buffer))
+            server.buffer = []
+        await checkpoint()
     finally:
         stats.done = True
-        batch_log.close()
+        ledger.close()
         summary = stats.summary(cfg.server.heartbeat_s)
         (run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
         await server.stop()
