@@ -67,7 +67,9 @@ class PairedRewards:
         if n < 2:
             return n, 0.0
         mean = self.s[node_id] / n
-        var = max(self.ss[node_id] / n - mean * mean, 1e-4)  # floor: identical rewards are not infinite evidence
+        # The sample variance (n - 1: with a dozen pairs the biased one overstates z), floored: identical
+        # rewards are not infinite evidence.
+        var = max((self.ss[node_id] - n * mean * mean) / (n - 1), 1e-4)
         return n, mean / math.sqrt(var / n)
 
 

@@ -1,0 +1,91 @@
+"""One trainer and one honest vLLM node for the whole module (engine start-up is the expensive part).
+
+The honest node joins first, alone, so it passes probation and is established before any attacker
+arrives; every attacker then gets a fresh key and meets the trainer as a new node.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Procs, free_port, get_json, wait_json
+
+HONEST = "honest"
+MAX_MESSAGE_BYTES = 1 << 20  # small, so the oversized attack is cheap to send
+
+
+@dataclass
+class Swarm:
+    run_dir: Path
+    zport: int
+    url: str  # /api/summary
+    procs: Procs
+
+    def summary(self) -> dict:
+        return get_json(self.url)
+
+    def honest_row(self) -> dict:
+        return next(n for n in self.summary()["nodes"] if n["name"] == HONEST)
+
+    def node_row(self, node_id: str) -> dict | None:
+        return next((n for n in self.summary()["nodes"] if n["node_id"] == node_id), None)
+
+    def trained_node_ids(self) -> set[str]:
+        """Every node id that appears in a trained batch (RUN/batches.jsonl)."""
+        path = self.run_dir / "batches.jsonl"
+        if not path.exists():
+            return set()
+        return {g[0] for line in path.read_text().splitlines() if line.strip() for g in json.loads(line)["groups"]}
+
+    def wait_steps(self, n: int, timeout: float = 120) -> dict:
+        """Wait until n more optimizer steps are done (the trainer and the honest node carry on)."""
+        start = self.summary()["step"]
+        return wait_json(self.url, lambda s: s["step"] >= start + n, timeout=timeout)
+
+
+def swarm_args(run_dir: Path, zport: int, hport: int, tport: int, extra: list[str] = ()) -> list[str]:
+    return [
+        "train", "--run-dir", str(run_dir), "--port", str(zport), "--http-port", str(hport), "--max-steps", "100000",
+        "--set", f"server.tracker_port={tport}", "--set", "server.web_port=-1",
+        "--set", "train.prompts_per_step=4", "--set", "train.inflight_groups=16",
+        "--set", "train.eval_every=100000", "--set", "train.checkpoint_every=0",
+        # Attackers sample from published versions: keep them all on disk while the module runs.
+        "--set", "train.keep_versions=100000",
+        "--set", "server.heartbeat_s=0.5", "--set", f"server.max_message_bytes={MAX_MESSAGE_BYTES}",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory) -> Swarm:
+    root = tmp_path_factory.mktemp("adv")
+    run_dir = root / "run"
+    zport, hport, tport = free_port(), free_port(), free_port()
+    procs = Procs(root)
+    try:
+        trainer = procs.start("trainer", *swarm_args(run_dir, zport, hport, tport))
+        url = f"http://127.0.0.1:{hport}/api/summary"
+        wait_json(url, timeout=240, proc=trainer)
+        procs.start("node", "node", "--trainer", f"127.0.0.1:{zport}", "--data-dir", str(root / "node"),
+                    "--name", HONEST, "--max-prompts", "8")
+        sw = Swarm(run_dir, zport, url, procs)
+        # The honest node is alone, passes probation on its audited groups and trains a few steps.
+        wait_json(url, lambda s: s["step"] >= 3, timeout=240, proc=trainer)
+        yield sw
+        # Honest nodes lose nothing: no refusal in the whole module, still accepted to the end.
+        row = sw.honest_row()
+        assert row["refused"] == {}, row
+        before = row["accepted_groups"]
+        end = time.monotonic() + 60
+        while sw.honest_row()["accepted_groups"] <= before and time.monotonic() < end:
+            time.sleep(0.5)
+        assert sw.honest_row()["accepted_groups"] > before
+    finally:
+        procs.stop_all()
+        for p in procs.procs:
+            print(f"==== {p.log_path.name} (exit {p.returncode})\n{p.log_path.read_text()[-4000:]}")

@@ -1,0 +1,50 @@
+"""Probation verdicts of trainer/guard.py (no processes): release on a clean paired test, catch on an
+excess, release a node that is alone once it delivered its audited groups, never before."""
+
+from __future__ import annotations
+
+import random
+
+from trainer.guard import Guard, GuardConfig
+
+
+def _guard(tmp_path) -> Guard:
+    g = Guard(tmp_path, GuardConfig(pair_z=4.0, pair_min=12))
+    g.begin_probation("new")
+    return g
+
+
+def test_honest_pairs_release(tmp_path):
+    g = _guard(tmp_path)
+    rng = random.Random(0)
+    for i in range(11):
+        p = rng.random()
+        g.pairs.add(f"i{i}", "old", p + rng.gauss(0, 0.1))
+        g.pairs.add(f"i{i}", "new", p + rng.gauss(0, 0.1))
+        assert g.probation_verdict("new", 16, has_partner=True) is None  # not enough shared prompts yet
+    g.pairs.add("i11", "old", 0.5)
+    g.pairs.add("i11", "new", 0.5)
+    assert g.probation_verdict("new", 16, has_partner=True) == "released"
+    g.release("new")
+    assert "new" not in g.probation and "new" in g.established
+    g.begin_probation("new")  # re-registering does not put an established key back on probation
+    assert "new" not in g.probation
+
+
+def test_reward_excess_is_caught(tmp_path):
+    g = _guard(tmp_path)
+    rng = random.Random(1)
+    for i in range(12):
+        p = rng.uniform(0.2, 0.6)
+        g.pairs.add(f"i{i}", "old", p + rng.gauss(0, 0.05))
+        g.pairs.add(f"i{i}", "new", p + 0.3 + rng.gauss(0, 0.05))
+    assert g.probation_verdict("new", 16, has_partner=True) == "cherry_picking"
+
+
+def test_alone_released_after_its_groups(tmp_path):
+    g = _guard(tmp_path)
+    g.probation["new"] = 15
+    assert g.probation_verdict("new", 16, has_partner=False) is None
+    g.probation["new"] = 16
+    assert g.probation_verdict("new", 16, has_partner=True) is None  # a partner exists: wait for pairs
+    assert g.probation_verdict("new", 16, has_partner=False) == "released"
