@@ -29,6 +29,9 @@ function dur(s) {
   const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
   return h ? `${h}h ${m}m` : m ? `${m}m ${r}s` : `${r}s`;
 }
+function clock(t) {
+  return new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
+}
 function width(el) { return Math.max(300, el.clientWidth); }
 
 // ---- charts --------------------------------------------------------------------------------------
@@ -55,7 +58,7 @@ function throughputData() {
   ids.sort((a, b) => state.order.indexOf(a) - state.order.indexOf(b));
   const own = ids.map((id) => tp.nodes[id][key]);
   const total = tp[key];
-  let series = [], data = [tp.t];
+  const series = [], data = [tp.t], bands = [];
   const unit = metric === "tokens" ? "tokens/s" : "rollouts/s";
   const fmt = (v) => (v == null ? "–" : num(v, metric === "tokens" ? 0 : 2));
   if (mode === "stacked") {
@@ -64,12 +67,14 @@ function throughputData() {
       let acc = 0;
       own.forEach((arr, k) => { acc += arr[i] || 0; cum[k][i] = acc; });
     }
-    for (let k = ids.length - 1; k >= 0; k--) {
-      const c = color(ids[k]), mine = own[k];
-      series.push({ label: tp.nodes[ids[k]].name, stroke: c, fill: fade(c, 0.8), width: 1,
+    // Series k is the sum of nodes 0..k; the band between it and series k-1 is node k's own share.
+    ids.forEach((id, k) => {
+      const c = color(id), mine = own[k];
+      series.push({ label: tp.nodes[id].name, stroke: c, width: 1, fill: k === 0 ? fade(c, 0.75) : undefined,
         value: (u, v, si, idx) => fmt(idx == null ? null : mine[idx]) });
       data.push(cum[k]);
-    }
+      if (k > 0) bands.push({ series: [k + 1, k], fill: fade(c, 0.75) });
+    });
   } else {
     if (mode === "lines") {
       ids.forEach((id, k) => { series.push({ label: tp.nodes[id].name, stroke: color(id), width: 1.5, value: (u, v) => fmt(v) }); data.push(own[k]); });
@@ -77,7 +82,7 @@ function throughputData() {
     series.push({ label: "swarm total", stroke: "#1d2330", width: 2, fill: mode === "total" ? "rgba(59,111,216,0.15)" : undefined, value: (u, v) => fmt(v) });
     data.push(total);
   }
-  return { series, data, unit, sig: `${metric}/${mode}/${ids.join(",")}` };
+  return { series, data, bands, unit, sig: `${metric}/${mode}/${ids.join(",")}` };
 }
 
 function drawThroughput() {
@@ -85,12 +90,18 @@ function drawThroughput() {
   if (!state.tp) return;
   const d = throughputData();
   el.dataset.points = String(state.tp.tokens_per_s.filter((v) => v > 0).length);
+  el.dataset.unit = d.unit;  // axis labels are canvas pixels; this lets tests (and scripts) read the unit
+  $("tp-note").textContent = `Accepted work only, averaged over the last ${state.tp.window_s} s. ` +
+    "A rollout is one prompt's group of completions; the legend shows each node's own rate.";
   if (charts.tp && charts.tpSig === d.sig) { charts.tp.setData(d.data); return; }
   charts.tpSig = d.sig;
   makeChart("tp", el, {
     series: [{ label: "time" }, ...d.series],
+    bands: d.bands,
+    // Stacked: each node's legend marker takes its band's colour (uPlot would leave band-only series blank).
+    legend: { markers: { fill: (u, si) => (d.bands.length && si > 0 ? fade(d.series[si - 1].stroke, 0.75) : "transparent") } },
     scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } },
-    axes: [axis("time (local clock)", { size: 44 }), axis(d.unit, { size: 64 })],
+    axes: [axis("time (local clock)", { size: 44, space: 90, values: (u, ts) => ts.map(clock) }), axis(d.unit, { size: 64 })],
   }, d.data);
 }
 
