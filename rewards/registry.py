@@ -9,6 +9,14 @@ TASKS = {"arithmetic": ArithmeticTask}
 
 
 def make_task(name: str, **params) -> Task:
+    # reasoning-gym tasks: "gym" with params.dataset, or "gym:DATASET" (a dataset or a rewards.gym preset).
+    # Imported here so the core install does not need reasoning-gym.
+    if name == "gym" or name.startswith("gym:"):
+        from rewards.gym import GymTask
+
+        if name != "gym":
+            params = {**params, "dataset": name[4:]}
+        return GymTask(**params)
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known: {', '.join(sorted(TASKS))}")
+        raise ValueError(f"unknown task {name!r}; known: {', '.join(sorted(TASKS))}, gym:DATASET")
     return TASKS[name](**params)
