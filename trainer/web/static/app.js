@@ -82,7 +82,7 @@ function throughputData() {
     series.push({ label: "swarm total", stroke: "#1d2330", width: 2, fill: mode === "total" ? "rgba(59,111,216,0.15)" : undefined, value: (u, v) => fmt(v) });
     data.push(total);
   }
-  return { series, data, bands, unit, sig: `${metric}/${mode}/${ids.join(",")}` };
+  return { series, data, bands, unit, stacked: mode === "stacked", sig: `${metric}/${mode}/${ids.join(",")}` };
 }
 
 function drawThroughput() {
@@ -99,7 +99,7 @@ function drawThroughput() {
     series: [{ label: "time" }, ...d.series],
     bands: d.bands,
     // Stacked: each node's legend marker takes its band's colour (uPlot would leave band-only series blank).
-    legend: { markers: { fill: (u, si) => (d.bands.length && si > 0 ? fade(d.series[si - 1].stroke, 0.75) : "transparent") } },
+    legend: d.stacked ? { markers: { fill: (u, si) => (si > 0 ? fade(d.series[si - 1].stroke, 0.75) : "transparent") } } : {},
     scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } },
     axes: [axis("time (local clock)", { size: 44, space: 90, values: (u, ts) => ts.map(clock) }), axis(d.unit, { size: 64 })],
   }, d.data);
