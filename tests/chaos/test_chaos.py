@@ -17,10 +17,10 @@ import torch
 from swarm.config import load_config
 from tests.conftest import free_port, get_json, wait_json
 from trainer.checkpoint import latest_checkpoint
-from trainer.ledger import accounting
+from trainer.ledger import Ledger, accounting
 from trainer.replay import max_param_diff, replay
 
-N_NODES, STEPS = 6, 48
+N_NODES, STEPS = 6, 64
 
 
 def _step(url: str) -> int:
@@ -83,10 +83,13 @@ def test_churn_crash_and_resume(tmp_path, procs):
     wait_json(url, timeout=240, proc=trainer)
     recovery["trainer SIGKILLed: first step after resume (s)"] = _wait_step(url, ckpt_step + 1) - t_crash
 
-    # The nodes that came back deliver to the resumed trainer too (its counts start from the checkpoint).
-    wait_json(url, lambda s: sum(n["name"] in ("n0", "n1") and n["accepted_groups"] > 0 and n["state"] == "healthy"
-                                 for n in s["nodes"]) == 2, timeout=240)
-    recovery["2 nodes back: both delivering to the resumed trainer (s)"] = time.monotonic() - t_back
+    # The nodes that came back register with the resumed trainer and deliver (it counts them afresh).
+    try:
+        wait_json(url, lambda s: sum(n["name"] in ("n0", "n1") and n["accepted_groups"] > 0
+                                     for n in s["nodes"]) == 2, timeout=120)
+        recovery["2 nodes back: both accepted again (s)"] = time.monotonic() - t_back
+    except TimeoutError:
+        pass  # the ledger check below decides
 
     trainer.wait(timeout=600)
     assert trainer.returncode == 0
@@ -107,6 +110,11 @@ def test_churn_crash_and_resume(tmp_path, procs):
 
     final = load_model(latest_checkpoint(run_dir))
     assert max_param_diff(replayed, final) < 1e-6
+
+    # Work of the nodes that came back was trained on by the resumed trainer.
+    revived = {(tmp_path / f"node{i}" / "node.pub").read_text().strip() for i in (0, 1)}
+    after = {nid for b in Ledger(run_dir, write=False).read_batches() if b.step > ckpt_step for nid, *_ in b.groups}
+    assert revived <= after
 
     steps = summary["steps"]
     first = sum(r["reward_mean"] for r in steps[:8]) / 8
