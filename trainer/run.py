@@ -164,9 +164,11 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
             stats.t0 = time.time()  # the RL clock starts once everything is up
         else:
             stats.t0 = time.time() - state.elapsed_s
-        deadline = time.monotonic() + t.max_minutes * 60 if t.max_minutes > 0 else float("inf")
+        deadline = float("inf")  # max_minutes counts from the first batch, not from engines starting up
         while stats.step < t.max_steps and time.monotonic() < deadline:
             groups = await server.take_batch(t.prompts_per_step)
+            if deadline == float("inf") and t.max_minutes > 0:
+                deadline = time.monotonic() + t.max_minutes * 60
             t0 = time.perf_counter()
             st = await asyncio.to_thread(learner.step, groups)
             stats.step += 1
