@@ -84,7 +84,8 @@ class GymTask(Task):
         prompt_suffix: str = "",
     ):
         """`dataset`: a reasoning-gym dataset name or a PRESETS key; `config` overrides its settings.
-        `system_prompt`: a key of reasoning_gym.utils.SYSTEM_PROMPTS, literal text, or None.
+        `system_prompt`: a key of reasoning_gym.utils.SYSTEM_PROMPTS, literal text, or None/"" (none: the
+        chat template's own default, if it has one).
         `eval_share`: the share of the question space held out (default: the preset's, else 0.1)."""
         rg = _reasoning_gym()
         share = 0.1
@@ -107,6 +108,7 @@ class GymTask(Task):
 
         if system_prompt in SYSTEM_PROMPTS:
             system_prompt = SYSTEM_PROMPTS[system_prompt]
+        system_prompt = system_prompt or None  # TOML has no null: "" means none
         super().__init__(
             name=f"gym:{dataset}",
             rubric=Rubric([

@@ -1,0 +1,296 @@
+"""Time to accuracy: the swarm (trainer + one vLLM node, two processes) against TRL's GRPOTrainer.
+
+Both arms start from the same model directory, train on the same task with the same reward (the task's
+rubric), group size G, prompts per step, learning rate, completion length, clipping, loss normalisation and
+step budget, and both are evaluated by the same function (trainer.learner.evaluate: held-out greedy
+accuracy on the same items). Each arm runs until its step budget or its wall-clock budget is spent.
+
+- swarm: `swarm train` + one `swarm node` subprocess on 127.0.0.1, as `swarm demo --nodes 1` runs them;
+  its evaluation runs inside the trainer and counts against its clock (nodes keep sampling meanwhile).
+- TRL: GRPOTrainer as its documentation sets it up for one machine (HF generate, no vLLM), in this process
+  with every core; its evaluation runs in a callback whose time is NOT counted on its clock.
+
+The clock of each arm starts when its first optimizer step can begin (after model load; for the swarm,
+once the trainer is up); start-up is reported separately. Reported: RL time to reach the target held-out
+accuracy (default: start + 0.25), accuracy after a fixed budget (default: the shorter arm's run time), and
+the curves.
+
+    python bench/vs_trl.py [--model tiny|smollm2] [--minutes 3] [--steps 60] [--json FILE]
+
+Wrap it in `flock /tmp/swarm-vllm.lock` on shared machines: the node starts a vLLM engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from swarm.config import RunConfig, dump_config, load_config  # noqa: E402
+from swarm.demo import _stop, free_port  # noqa: E402
+
+
+def bench_config(args) -> RunConfig:
+    """The shared settings of both arms, as a swarm run config."""
+    sets = [f'run_dir="{args.out}/swarm"', f"train.max_steps={args.steps}", f"train.max_minutes={args.minutes}",
+            f"train.group_size={args.group_size}", f"train.prompts_per_step={args.prompts_per_step}",
+            f"train.lr={args.lr}", f"train.eval_every={args.eval_every}", "train.checkpoint_every=0",
+            f"task.eval_size={args.eval_size}", f"train.inflight_groups={2 * args.prompts_per_step}"]
+    if args.model == "smollm2":
+        sets += [f'model.path="{args.smollm2_dir}"', 'task.name="gym:single_digit"',
+                 'task.params={answer_format="last_number", system_prompt="", eval_share=0.3}',
+                 "train.max_tokens=16", "model.max_shard_bytes=67108864"]
+    return load_config(args.config, sets + list(args.set or []))
+
+
+def base_model(cfg: RunConfig) -> Path:
+    """The starting model both arms share (the tiny default gets its SFT warm-up once, here)."""
+    import msgspec
+
+    from trainer.model_prep import prepare_base_model
+
+    if not cfg.model.path:  # cached (by recipe) outside the swarm arm's run dir, which is wiped per run
+        cfg = msgspec.structs.replace(cfg, run_dir=str(Path(cfg.run_dir).parent / "base"))
+    return prepare_base_model(cfg, progress=False).resolve()
+
+
+# ---------------------------------------------------------------------------------------------- swarm
+
+
+def run_swarm(cfg: RunConfig, model_dir: Path, out: Path) -> dict:
+    import msgspec
+
+    cfg = msgspec.structs.replace(cfg, model=msgspec.structs.replace(cfg.model, path=str(model_dir)))
+    cfg.server.port, cfg.server.http_port, cfg.server.tracker_port = free_port(), free_port(), free_port()
+    run_dir = Path(cfg.run_dir)
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    cfg_path = run_dir / "bench.toml"
+    cfg_path.write_text(dump_config(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    py = [sys.executable, "-m", "swarm.cli"]
+    launch = time.monotonic()
+    logs = [open(run_dir / "trainer.log", "w"), open(run_dir / "node.log", "w")]
+    procs = [subprocess.Popen([*py, "train", str(cfg_path)], stdout=logs[0], stderr=subprocess.STDOUT, env=env,
+                              cwd=ROOT),
+             subprocess.Popen([*py, "node", "--trainer", f"tcp://127.0.0.1:{cfg.server.port}", "--data-dir",
+                               str(run_dir / "node"), "--name", "node0"], stdout=logs[1],
+                              stderr=subprocess.STDOUT, env=env, cwd=ROOT)]
+    url = f"http://127.0.0.1:{cfg.server.http_port}/api/summary"
+    startup = None
+    try:
+        while procs[0].poll() is None:
+            time.sleep(1.0)
+            if procs[1].poll() is not None:
+                raise RuntimeError(f"the node exited ({procs[1].returncode}); see {run_dir}/node.log")
+            if startup is None:
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as r:
+                        s = json.loads(r.read())
+                    # The RL clock started elapsed_s ago: everything before it is start-up.
+                    startup = time.monotonic() - launch - s["elapsed_s"]
+                    print(f"  swarm: trainer up after {startup:.0f}s", flush=True)
+                except (OSError, ValueError):
+                    pass
+    finally:
+        _stop(procs)
+        for f in logs:
+            f.close()
+    if procs[0].returncode != 0 or not (run_dir / "summary.json").exists():
+        raise RuntimeError(f"the swarm trainer failed ({procs[0].returncode}); see {run_dir}/trainer.log")
+    s = json.loads((run_dir / "summary.json").read_text())
+    curve = [(e["step"], e["time"], e["accuracy"]) for e in s["evals"]]
+    return {"curve": curve, "startup_s": startup, "steps": s["step"], "rl_seconds": s["elapsed_s"],
+            "sampled_correct": [r["correct_mean"] for r in s["steps"]]}
+
+
+# ---------------------------------------------------------------------------------------------- TRL
+
+
+def run_trl(cfg: RunConfig, model_dir: Path, out: Path, threads: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rewards.registry import make_task
+    from trainer.learner import evaluate
+    from trainer.policy import load_tokenizer
+
+    torch.set_num_threads(threads)
+    t = cfg.train
+    t_launch = time.monotonic()
+    task = make_task(cfg.task.name, **cfg.task.params)
+    eval_items = task.eval_items(cfg.task.eval_size)
+    n_items = t.max_steps * t.prompts_per_step
+    # The swarm's item stream, in order; the same chat messages encode_prompt builds.
+    by_idx = dict(zip(range(n_items), task.train_items(seed=cfg.task.seed), strict=False))
+    sys_msg = [{"role": "system", "content": task.system_prompt}] if task.system_prompt else []
+    train = [{"prompt": sys_msg + [{"role": "user", "content": it.prompt}], "item": i} for i, it in by_idx.items()]
+    sampled: list[float] = []
+
+    def reward(prompts, completions, item, **_) -> list[float]:
+        out = []
+        for comp, idx in zip(completions, item, strict=True):
+            text = comp[0]["content"] if isinstance(comp, list) else comp
+            s = task.score(by_idx[idx], text)
+            sampled.append(s.metrics.get(task.correct_metric, 0.0))
+            out.append(s.reward)
+        return out
+
+    tok = load_tokenizer(model_dir)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    args = GRPOConfig(
+        output_dir=str(out / "trl"), learning_rate=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.grad_clip,
+        lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
+        # One optimizer step on prompts_per_step prompts x G completions, generated by the policy of that step.
+        per_device_train_batch_size=t.prompts_per_step * t.group_size, gradient_accumulation_steps=1,
+        num_generations=t.group_size, max_completion_length=t.max_tokens, max_steps=t.max_steps,
+        temperature=t.temperature, top_p=t.top_p, beta=t.kl_beta, epsilon=t.eps_low, epsilon_high=t.eps_high,
+        scale_rewards="group" if t.scale_adv_by_std else "none", loss_type="dapo", num_iterations=1,
+        use_vllm=False, use_cpu=True, bf16=False, fp16=False, seed=t.seed, logging_steps=1,
+        save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
+    )
+    curve: list[tuple[int, float, float]] = []
+    clock = {"start": 0.0, "paused": 0.0}
+
+    def rl_time() -> float:
+        return time.monotonic() - clock["start"] - clock["paused"]
+
+    def run_eval(model, step: int) -> None:
+        t0, now = time.monotonic(), rl_time()
+        was_training = model.training
+        acc = evaluate(model, tok, task, eval_items, t.max_tokens)["accuracy"]
+        model.train(was_training)
+        curve.append((step, round(now, 2), acc))
+        clock["paused"] += time.monotonic() - t0  # evaluation is not on TRL's clock
+        print(f"  trl: step {step} t={curve[-1][1]:.1f}s acc {acc:.3f}", flush=True)
+
+    class Watch(TrainerCallback):
+        def on_train_begin(self, a, state, control, model=None, **kw):
+            clock["start"] = time.monotonic()
+            run_eval(model, 0)
+            clock["startup"] = clock["start"] - t_launch
+
+        def on_step_end(self, a, state, control, model=None, **kw):
+            if state.global_step % t.eval_every == 0:
+                run_eval(model, state.global_step)
+            if t.max_minutes > 0 and rl_time() >= t.max_minutes * 60:
+                control.should_training_stop = True
+
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
+                          train_dataset=Dataset.from_list(train), processing_class=tok, callbacks=[Watch()])
+    trainer.remove_callback(PrinterCallback)  # a dict of metrics per step drowns the table
+    trainer.train()
+    step = trainer.state.global_step
+    if not curve or curve[-1][0] != step:
+        run_eval(trainer.model, step)
+    return {"curve": curve, "startup_s": clock.get("startup"), "steps": step, "rl_seconds": curve[-1][1],
+            "sampled_correct": sampled}
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def time_to(curve: list, target: float) -> float | None:
+    return next((t for _, t, a in curve if a >= target), None)
+
+
+def acc_at(curve: list, seconds: float) -> float:
+    """Accuracy of the newest evaluation at or before `seconds` of RL time."""
+    return [a for _, t, a in curve if t <= seconds + 1e-9][-1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    p.add_argument("--smollm2-dir", default="runs/models/smollm2", help="from `swarm model smollm2 DIR`")
+    p.add_argument("--config", help="a swarm TOML to start from (the flags below override it)")
+    p.add_argument("--set", action="append", help="extra swarm config overrides, KEY=VALUE")
+    p.add_argument("--steps", type=int, default=60, help="optimizer-step budget of each arm")
+    p.add_argument("--minutes", type=float, default=3.0, help="RL wall-clock budget of each arm")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--prompts-per-step", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--eval-size", type=int, default=120)
+    p.add_argument("--target", type=float, help="target held-out accuracy (default: start + --target-gain)")
+    p.add_argument("--target-gain", type=float, default=0.25)
+    p.add_argument("--budget", type=float, help="RL seconds for the fixed-budget column (default: shorter run)")
+    p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--arms", default="swarm,trl")
+    p.add_argument("--out", default="runs/bench-vs-trl")
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args()
+    if args.model == "smollm2" and args.group_size == 8 and args.prompts_per_step == 16:
+        args.prompts_per_step, args.lr = 4, 1e-5  # what configs/smollm2-arith.toml uses
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = bench_config(args)
+    model_dir = base_model(cfg)
+    t = cfg.train
+    print(f"model {model_dir} | task {cfg.task.name} {cfg.task.params} | G={t.group_size} "
+          f"prompts/step={t.prompts_per_step} lr={t.lr} max_tokens={t.max_tokens} | budget {t.max_steps} steps "
+          f"or {t.max_minutes:g} min per arm", flush=True)
+    results = {}
+    for arm in args.arms.split(","):
+        print(f"arm {arm}:", flush=True)
+        t0 = time.monotonic()
+        results[arm] = run_swarm(cfg, model_dir, out) if arm == "swarm" else run_trl(cfg, model_dir, out,
+                                                                                       args.trl_threads)
+        results[arm]["wall_s"] = round(time.monotonic() - t0, 1)
+    start = results[next(iter(results))]["curve"][0][2]
+    target = args.target if args.target is not None else min(1.0, start + args.target_gain)
+    budget = args.budget or min(r["rl_seconds"] for r in results.values())
+    print(f"\nstart accuracy {start:.3f}; target {target:.3f}; fixed budget {budget:.0f} s of RL time\n")
+    head = (f"{'arm':<6} {'start-up s':>10} {'steps':>6} {'RL s':>7} {'s/step':>7} {'time to target s':>17} "
+            f"{'acc @ budget':>13} {'final acc':>10} {'best acc':>9} {'sampled acc first->last 5 steps':>32}")
+    print(head)
+    rows = {}
+    for arm, r in results.items():
+        c, sc = r["curve"], r["sampled_correct"]
+        k = max(1, len(sc) // max(r["steps"], 1) * 5)  # ~5 steps' worth of samples
+        first = sum(sc[:k]) / max(len(sc[:k]), 1)
+        last = sum(sc[-k:]) / max(len(sc[-k:]), 1)
+        tt = time_to(c, target)
+        rows[arm] = {"startup_s": r["startup_s"], "steps": r["steps"], "rl_seconds": r["rl_seconds"],
+                     "s_per_step": r["rl_seconds"] / max(r["steps"], 1), "time_to_target_s": tt,
+                     "acc_at_budget": acc_at(c, budget), "final_acc": c[-1][2], "best_acc": max(a for *_, a in c),
+                     "sampled_first": first, "sampled_last": last, "curve": c, "wall_s": r["wall_s"]}
+        w = rows[arm]
+        print(f"{arm:<6} {w['startup_s'] or 0:>10.0f} {w['steps']:>6} {w['rl_seconds']:>7.0f} {w['s_per_step']:>7.2f} "
+              f"{'not reached' if tt is None else f'{tt:.0f}':>17} {w['acc_at_budget']:>13.3f} {w['final_acc']:>10.3f} "
+              f"{w['best_acc']:>9.3f} {f'{first:.3f} -> {last:.3f}':>32}")
+    ratio = None
+    if "swarm" in rows and "trl" in rows:
+        a, b = rows["swarm"]["time_to_target_s"], rows["trl"]["time_to_target_s"]
+        if a is not None and b is not None:
+            ratio = b / a if a > 0 else float("inf")
+            print(f"\nswarm reaches {target:.3f} {ratio:.2f}x sooner than TRL (RL time {a:.0f} s vs {b:.0f} s)")
+        elif a is not None:
+            print(f"\nswarm reaches {target:.3f} in {a:.0f} s; TRL does not within {rows['trl']['rl_seconds']:.0f} s")
+        else:
+            print("\nthe swarm did not reach the target" + ("" if b is None else f"; TRL did in {b:.0f} s"))
+    print("\ncurves (step, RL seconds, held-out greedy accuracy)")
+    for arm, w in rows.items():
+        print(f"  {arm}: " + "  ".join(f"{s}/{t:.0f}s/{a:.2f}" for s, t, a in w["curve"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"config": dump_config(cfg), "target": target,
+                                               "budget_s": budget, "speedup": ratio, "arms": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
