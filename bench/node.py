@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import gc
 import json
 import os
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 N_PROMPTS, N_SAMPLES, MAX_TOKENS = 32, 8, 32
+ENGINE_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
 
 def prompts_for(tok) -> list[list[int]]:
@@ -111,8 +113,8 @@ async def throughput(raw: RawArm, model_dir: Path, tmp: Path, rounds: int, batch
 
     async def serve():
         while True:
-            ident, data = await sock.recv_multipart()
-            msg = P.decode(data)
+            frames = await sock.recv_multipart()
+            ident, msg = frames[0], P.decode_signed(frames[1:])
             reply = None
             if isinstance(msg, P.Register):
                 reply = P.Registered(node_id=msg.node_id, weights=info, sampling=sampling, heartbeat_s=5.0,
@@ -150,9 +152,10 @@ async def throughput(raw: RawArm, model_dir: Path, tmp: Path, rounds: int, batch
         await node_window(2)  # start-up and the first batch of this shape
         for _ in range(rounds):
             node_rates.append(await node_window(batches))
-            # On this thread, as built (vLLM's CPU attention is bound to its thread's OpenMP team); the
-            # node is idle meanwhile, so blocking the loop costs it nothing.
-            runs = [raw.batch() for _ in range(batches)]
+            # On the engine's own thread, as the node does (vLLM's CPU attention is bound to the OpenMP
+            # team of the thread that built it); the node is idle meanwhile.
+            runs = [await asyncio.get_running_loop().run_in_executor(ENGINE_THREAD, raw.batch)
+                    for _ in range(batches)]
             raw_rates.append(sum(t for t, _ in runs) / sum(s for _, s in runs))
     finally:
         server.cancel()
@@ -185,9 +188,10 @@ def main() -> int:
 
     version_dir = build_default_model(tmp / "v1", seed=1) if not args.model else model_dir
 
-    arm = RawArm(model_dir)
+    # Raw vLLM runs on one dedicated thread, like the node's engine: same threading, same conditions.
+    arm = ENGINE_THREAD.submit(RawArm, model_dir).result()
     node = asyncio.run(throughput(arm, model_dir, tmp, args.rounds, args.batches))
-    raw = reload_vs_restart(arm, model_dir, version_dir)
+    raw = ENGINE_THREAD.submit(reload_vs_restart, arm, model_dir, version_dir).result()
     raw["raw_tok_s"] = node["raw_tok_s"]
     res = {**raw, **node, "reload_speedup": raw["restart_s"] / raw["reload_s"],
            "node_vs_raw": node["node_tok_s"] / raw["raw_tok_s"], "model": str(model_dir)}
