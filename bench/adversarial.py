@@ -33,7 +33,7 @@ from rewards.registry import make_task  # noqa: E402
 from swarm import protocol as P  # noqa: E402
 from swarm.config import RunConfig, TaskConfig  # noqa: E402
 from tests.adversarial.attacks import ATTACKS, Ctx, item_from_prompt, reward_of  # noqa: E402
-from tests.adversarial.conftest import HONEST, MAX_MESSAGE_BYTES, swarm_args  # noqa: E402
+from tests.adversarial.conftest import HONEST, MAX_LAG, MAX_MESSAGE_BYTES, swarm_args  # noqa: E402
 from tests.adversarial.evil_node import EvilNode, Sampler  # noqa: E402
 from tests.conftest import Procs, free_port, get_json, wait_json  # noqa: E402
 from trainer.guard import FRAUD, Guard, GuardConfig, PairedRewards  # noqa: E402
@@ -137,12 +137,12 @@ def main() -> int:
         trainer = procs.start("trainer", *swarm_args(run_dir, zport, hport, tport))
         wait_json(url, timeout=300, proc=trainer)
         procs.start("node", "node", "--trainer", f"127.0.0.1:{zport}", "--data-dir", str(root / "node"),
-                    "--name", HONEST, "--max-prompts", "8")
+                    "--name", HONEST, "--max-prompts", "4")
         wait_json(url, lambda s: s["step"] >= 3, timeout=300, proc=trainer)
         print(f"trainer and honest node up in {time.monotonic() - t_start:.0f}s", flush=True)
         summary = lambda: get_json(url)  # noqa: E731
         sec = defaults.security
-        ctx = Ctx(zport, Sampler(run_dir), task, defaults.train.group_size, defaults.train.max_lag,
+        ctx = Ctx(zport, Sampler(run_dir), task, defaults.train.group_size, MAX_LAG,
                   sec.strikes_to_ban, MAX_MESSAGE_BYTES, summary)
 
         # 1. The attacks, one fresh key each.

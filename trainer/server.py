@@ -235,6 +235,10 @@ class TrainerServer:
                                                   r.samples, sub.version)
                     self.stats.audits += 1
                     self.stats.audit_seconds += time.perf_counter() - t0
+                    if res.reason == "unknown_version" and sub.version <= self.version:
+                        # It was inside the window when checked and aged out during the audit: late, not a lie.
+                        verdicts[r.assignment_id] = "stale"
+                        continue
                     if res.reason:
                         log.warning("audit of %s from %s failed: %s (max |dlogp| %.4f, worst logp %.1f)",
                                     r.assignment_id, node.name, res.reason, res.max_diff, res.worst_logprob)

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
-import zmq
 
 from rewards.base import Task, TaskItem
 from swarm import protocol as P
@@ -318,12 +317,11 @@ def flood(ctx: Ctx, n: int = 1500) -> Outcome:
     """Many signed messages as fast as it can: past the burst, each one is refused as rate_limited."""
     out = Outcome()
     ev = _fresh(ctx, "flood", out)
-    ev.sock.setsockopt(zmq.RCVTIMEO, 2000)
     try:
         for _ in range(n):
             ev.send(P.Heartbeat(node_id=ev.node_id, version_loaded=0))
         limited = 0
-        while (reply := ev.recv()) is not None:  # a heartbeat within the rate gets no reply at all
+        while (reply := ev.recv(2.0)) is not None:  # a heartbeat within the rate gets no reply at all
             limited += _code(reply) == "rate_limited"
         out.attempts, out.detected = n, limited
         out.codes["rate_limited"] = limited

@@ -17,6 +17,9 @@ from tests.conftest import Procs, free_port, get_json, wait_json
 
 HONEST = "honest"
 MAX_MESSAGE_BYTES = 1 << 20  # small, so the oversized attack is cheap to send
+# The learner steps every 4 groups here, a few times a second: a lag window of 4 versions keeps the honest
+# node (which pipelines requests) from ever going stale, so any refusal of it would be a false positive.
+MAX_LAG = 4
 
 
 @dataclass
@@ -53,9 +56,11 @@ def swarm_args(run_dir: Path, zport: int, hport: int, tport: int, extra: list[st
         "train", "--run-dir", str(run_dir), "--port", str(zport), "--http-port", str(hport), "--max-steps", "100000",
         "--set", f"server.tracker_port={tport}", "--set", "server.web_port=-1",
         "--set", "train.prompts_per_step=4", "--set", "train.inflight_groups=16",
+        "--set", f"train.max_lag={MAX_LAG}",
         "--set", "train.eval_every=100000", "--set", "train.checkpoint_every=0",
-        # Attackers sample from published versions: keep them all on disk while the module runs.
-        "--set", "train.keep_versions=100000",
+        # Attackers sample from published versions (the newest, and up to max_lag + 1 back): keep enough
+        # on disk that none is removed while an attacker loads it (steps take a fraction of a second).
+        "--set", "train.keep_versions=40",
         "--set", "server.heartbeat_s=0.5", "--set", f"server.max_message_bytes={MAX_MESSAGE_BYTES}",
         *extra,
     ]
@@ -72,7 +77,7 @@ def swarm(tmp_path_factory) -> Swarm:
         url = f"http://127.0.0.1:{hport}/api/summary"
         wait_json(url, timeout=240, proc=trainer)
         procs.start("node", "node", "--trainer", f"127.0.0.1:{zport}", "--data-dir", str(root / "node"),
-                    "--name", HONEST, "--max-prompts", "8")
+                    "--name", HONEST, "--max-prompts", "4")
         sw = Swarm(run_dir, zport, url, procs)
         # The honest node is alone, passes probation on its audited groups and trains a few steps.
         wait_json(url, lambda s: s["step"] >= 3, timeout=240, proc=trainer)

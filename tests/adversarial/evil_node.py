@@ -107,9 +107,11 @@ class EvilNode:
     def send_frames(self, frames: list[bytes]) -> None:
         self.sock.send_multipart(frames)
 
-    def recv(self) -> P.Message | None:
-        """The next reply that is not a version notice (those update `version`); None on timeout."""
-        while True:
+    def recv(self, timeout_s: float | None = None) -> P.Message | None:
+        """The next reply that is not a version notice (those update `version`); None on timeout, also
+        when notices keep coming (a fast trainer announces several versions a second)."""
+        end = time.monotonic() + (timeout_s if timeout_s is not None else self.sock.getsockopt(zmq.RCVTIMEO) / 1000)
+        while time.monotonic() < end:
             try:
                 msg = P.decode(self.sock.recv())
             except zmq.Again:
@@ -118,6 +120,7 @@ class EvilNode:
                 self.version = max(self.version, msg.weights.version)
                 continue
             return msg
+        return None
 
     def register(self) -> P.Registered:
         self.send(P.Register(node_id=self.node_id, name=self.name, time_ms=int(time.time() * 1000)))

@@ -16,7 +16,7 @@ from rewards.base import TaskItem
 from rewards.registry import make_task
 from swarm.config import TaskConfig
 from tests.adversarial.attacks import ATTACKS, Ctx, Outcome
-from tests.adversarial.conftest import MAX_MESSAGE_BYTES
+from tests.adversarial.conftest import MAX_LAG, MAX_MESSAGE_BYTES
 from tests.adversarial.evil_node import Sampler
 from trainer.policy import load_tokenizer
 
@@ -29,7 +29,7 @@ FRAUD = {"tampered_tokens", "fabricated_logprobs", "different_model", "false_ver
 def ctx(swarm) -> Ctx:
     torch.set_num_threads(1)
     tc = TaskConfig()
-    return Ctx(swarm.zport, Sampler(swarm.run_dir), make_task(tc.name, **tc.params), group_size=8, max_lag=2,
+    return Ctx(swarm.zport, Sampler(swarm.run_dir), make_task(tc.name, **tc.params), group_size=8, max_lag=MAX_LAG,
                strikes_to_ban=3, max_message_bytes=MAX_MESSAGE_BYTES, summary=swarm.summary)
 
 
@@ -64,7 +64,7 @@ def test_rewards_are_recomputed(swarm, ctx):
     path = swarm.run_dir / "accepted.jsonl"
     groups = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     assert groups
-    tok = load_tokenizer(swarm.run_dir / "versions" / "v000000")
+    tok = load_tokenizer(swarm.run_dir / "base-model")
     for g in groups[:50]:
         item = TaskItem(**g["item"])
         want = []
