@@ -136,6 +136,8 @@ def main() -> int:
         t_start = time.monotonic()
         trainer = procs.start("trainer", *swarm_args(run_dir, zport, hport, tport))
         wait_json(url, timeout=300, proc=trainer)
+        # The starting policy, for the power simulation (retention removes it from the run later on).
+        shutil.copytree(run_dir / "versions" / "v000000", root / "start" / "versions" / "v000000")
         procs.start("node", "node", "--trainer", f"127.0.0.1:{zport}", "--data-dir", str(root / "node"),
                     "--name", HONEST, "--max-prompts", "4")
         wait_json(url, lambda s: s["step"] >= 3, timeout=300, proc=trainer)
@@ -154,7 +156,8 @@ def main() -> int:
                          "banned": out.banned, "codes": dict(out.codes), "node_ids": out.node_ids,
                          "seconds": round(time.monotonic() - t0, 1)})
             print(f"  {name}: {out.attempts} attempts, {out.detected} detected, codes {dict(out.codes)}", flush=True)
-        wait_json(url, lambda s: s["step"] >= summary()["step"] + 2, timeout=120)
+        after_attacks = summary()["step"]
+        wait_json(url, lambda s: s["step"] >= after_attacks + 2, timeout=120)
 
         # 2. Honest traffic: new honest keys (through probation) beside the vLLM node, to >= N honest groups.
         stop = threading.Event()
@@ -215,7 +218,7 @@ def main() -> int:
         procs.stop_all()
 
     # 4. Detection power of the paired test, on rewards of the starting policy.
-    power = cherry_power(Sampler(run_dir), task, defaults.train.group_size, [2, 4], [8, 16, 32, 64],
+    power = cherry_power(Sampler(root / "start"), task, defaults.train.group_size, [2, 4], [8, 16, 32, 64],
                          defaults.security.pair_z, defaults.security.pair_min)
     result["cherry_picking_power"] = power
 

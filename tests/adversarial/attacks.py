@@ -228,10 +228,12 @@ def more_samples(ctx: Ctx) -> Outcome:
 
 
 def best_of_k(ctx: Ctx, k: int = 4, timeout_s: float = 120.0) -> Outcome:
-    """Samples k*G per prompt, returns the G with the highest (recomputed) reward: honest log-probs."""
+    """Samples k*G per prompt, returns the G with the highest (recomputed) reward: honest log-probs.
+    Counted in groups: attempts are groups submitted, detected those the paired test caught."""
     out = Outcome()
     ev = _fresh(ctx, f"best-of-{k}", out)
     end = time.monotonic() + timeout_s
+    groups = 0
     try:
         while time.monotonic() < end:
             ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=16))
@@ -252,10 +254,12 @@ def best_of_k(ctx: Ctx, k: int = 4, timeout_s: float = 120.0) -> Outcome:
                 pool.sort(key=lambda s, item=item: -reward_of(ctx.task, ctx.sampler.tok, item, s))
                 rollouts.append(P.Rollout(a.assignment_id, pool[: ctx.group_size]))
             out.saw(_code(ev.submit(v, rollouts)), set())
-        # What counts: the groups the paired test caught (refused after the fact) and the ban.
+            groups += len(rollouts)
+        # What counts, group by group: those the paired test caught in quarantine, and the ban.
         row = next((n for n in ctx.summary()["nodes"] if n["node_id"] == ev.node_id), {})
         out.codes = Counter(row.get("refused", {})) + Counter(accepted_into_quarantine=out.codes["accepted"])
         out.detected = row.get("refused", {}).get("cherry_picking", 0)
+        out.attempts = groups
     finally:
         ev.close()
     return out

@@ -8,6 +8,7 @@ weights, exactly what the trainer's audit recomputes. An attack starts from thos
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import zmq
 from swarm import protocol as P
 from swarm.keys import KeyPair
 from trainer.policy import load_model, load_tokenizer, pack
+
+_LOAD_LOCK = threading.Lock()
 
 
 class Sampler:
@@ -40,9 +43,11 @@ class Sampler:
         key = (version, noise)
         if key not in self._models:
             path = self.version_dir(version)
-            m = load_model(path).eval()
-            if self.tok is None:
-                self.tok = load_tokenizer(path)
+            # from_pretrained patches process-wide state while it builds a model: one load at a time.
+            with _LOAD_LOCK:
+                m = load_model(path).eval()
+                if self.tok is None:
+                    self.tok = load_tokenizer(path)
             if noise:
                 g = torch.Generator().manual_seed(1234)
                 with torch.no_grad():
