@@ -13,6 +13,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from swarm.http import start_site
 from swarm.keys import KeyPair
 
 from .manifest import Manifest, build_manifest, encode_manifest
@@ -89,11 +90,7 @@ class Origin:
             ]
         )
         # Short shutdown: long polls and held piece requests must not keep stop() waiting.
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await start_site(app, self.host, self.port, shutdown_timeout=1.0)
         self._url = f"http://{self.host}:{self.port}"
         self.tracker = Tracker(self._url, self.trees, self.fanout, self.heartbeat_interval)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))

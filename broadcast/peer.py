@@ -19,6 +19,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from swarm.http import start_site
 from swarm.keys import fingerprint
 
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest
@@ -108,11 +109,7 @@ class Peer:
                     web.get("/v/{version}/piece/{index}", self._piece),
                 ]
             )
-            self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, self.port)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self._runner, self.port = await start_site(app, self.host, self.port, shutdown_timeout=1.0)
             self.url = f"http://{self.host}:{self.port}"
         await self._check_tracker_key()
         await self._join()

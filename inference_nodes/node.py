@@ -24,6 +24,7 @@ from aiohttp import web
 from broadcast.peer import Peer
 from swarm import protocol as P
 from swarm.chat import encode_prompt
+from swarm.http import start_site
 from swarm.keys import KeyPair, fingerprint, load_public
 
 log = logging.getLogger("swarm.node")
@@ -252,11 +253,7 @@ class Node:
             return web.Response(body=msgspec.json.encode(self.status), content_type="application/json")
 
         app.router.add_get("/status", status)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, self.status_host, self.status_port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        runner, port = await start_site(app, self.status_host, self.status_port)
         self.status_url = f"http://{self.status_host}:{port}/status"
         print(f"node status: {self.status_url}", flush=True)
         return runner

@@ -8,6 +8,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from swarm.http import start_site
 from trainer.stats import RunStats
 
 
@@ -31,7 +32,5 @@ def make_app(stats: RunStats, heartbeat_s: float,
 
 
 async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    runner, _ = await start_site(app, host, port)
     return runner

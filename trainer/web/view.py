@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from swarm.http import start_site
 from trainer.http_api import make_app
 from trainer.stats import RATE_WINDOW_S, EvalRow, RunStats, StepRow
 
@@ -250,17 +251,11 @@ class WebView:
         self.start_sampler()
         if port < 0:
             return None
-        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
         try:
-            await site.start()
+            self._runner, port = await start_site(self.make_app(), host, port, shutdown_timeout=1.0)
         except OSError as e:
             log.warning("web view not served: cannot listen on %s:%d (%s); pass --web-port", host, port, e)
-            await runner.cleanup()
             return None
-        self._runner = runner
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://{host}:{port}/"
         return self.url
 
