@@ -2,18 +2,21 @@
 
 Both arms start from the same model directory, train on the same task with the same reward (the task's
 rubric), group size G, prompts per step, learning rate, completion length, clipping, loss normalisation and
-step budget, and both are evaluated by the same function (trainer.learner.evaluate: held-out greedy
-accuracy on the same items). Each arm runs until its step budget or its wall-clock budget is spent.
+step budget, with every core of the machine.
 
-- swarm: `swarm train` + one `swarm node` subprocess on 127.0.0.1, as `swarm demo --nodes 1` runs them;
-  its evaluation runs inside the trainer and counts against its clock (nodes keep sampling meanwhile).
-- TRL: GRPOTrainer as its documentation sets it up for one machine (HF generate, no vLLM), in this process
-  with every core; its evaluation runs in a callback whose time is NOT counted on its clock.
+- swarm: `swarm train` + one `swarm node` subprocess on 127.0.0.1, as `swarm demo --nodes 1` runs them.
+- TRL: GRPOTrainer as its documentation sets it up for one machine (HF generate, no vLLM), in this process.
 
-The clock of each arm starts when its first optimizer step can begin (after model load; for the swarm,
-once the trainer is up); start-up is reported separately. Reported: RL time to reach the target held-out
-accuracy (default: start + 0.25), accuracy after a fixed budget (default: the shorter arm's run time), and
-the curves.
+Evaluation is off both clocks and the same for both: each arm keeps a copy of its policy every
+--eval-every steps (the swarm hard-links the version it published, `train.snapshot_every`; TRL saves in a
+callback while its clock is paused), and after both runs this process scores every copy with one function
+(trainer.learner.evaluate: held-out greedy accuracy on the same items).
+
+Each arm's RL clock starts when it can first generate: TRL when training begins (model loaded), the swarm
+when its node has started vLLM with the weights and gets work (`first_work_s`). What came before is
+start-up, reported separately, and counted in the "from launch" column. Reported: RL time to reach the
+target held-out accuracy (default: start + 0.25), accuracy after a fixed budget (default: the shorter arm's
+run time), and the curves.
 
     python bench/vs_trl.py [--model tiny|smollm2] [--minutes 3] [--steps 60] [--json FILE]
 
@@ -42,8 +45,9 @@ def bench_config(args) -> RunConfig:
     """The shared settings of both arms, as a swarm run config."""
     sets = [f'run_dir="{args.out}/swarm"', f"train.max_steps={args.steps}", f"train.max_minutes={args.minutes}",
             f"train.group_size={args.group_size}", f"train.prompts_per_step={args.prompts_per_step}",
-            f"train.lr={args.lr}", f"train.eval_every={args.eval_every}", "train.checkpoint_every=0",
-            f"task.eval_size={args.eval_size}", f"train.inflight_groups={2 * args.prompts_per_step}"]
+            f"train.lr={args.lr}", "train.eval_every=0", f"train.snapshot_every={args.eval_every}",
+            "train.checkpoint_every=0", f"train.torch_threads={args.threads}", f"task.eval_size={args.eval_size}",
+            f"train.inflight_groups={2 * args.prompts_per_step}"]
     if args.model == "smollm2":
         sets += [f'model.path="{args.smollm2_dir}"', 'task.name="gym:single_digit"',
                  'task.params={answer_format="last_number", system_prompt="", eval_share=0.3}',
@@ -110,9 +114,12 @@ def run_swarm(cfg: RunConfig, model_dir: Path, out: Path) -> dict:
     if procs[0].returncode != 0 or not (run_dir / "summary.json").exists():
         raise RuntimeError(f"the swarm trainer failed ({procs[0].returncode}); see {run_dir}/trainer.log")
     s = json.loads((run_dir / "summary.json").read_text())
-    curve = [(e["step"], e["time"], e["accuracy"]) for e in s["evals"]]
-    return {"curve": curve, "startup_s": startup, "steps": s["step"], "rl_seconds": s["elapsed_s"],
-            "sampled_correct": [r["correct_mean"] for r in s["steps"]]}
+    if s.get("first_work_s") is None or not s["steps"]:
+        raise RuntimeError(f"the swarm trained no step; see {run_dir}/trainer.log")
+    t0 = s["first_work_s"]  # the RL clock of this arm starts when the node could generate
+    snaps = [(x["step"], max(0.0, x["time"] - t0), x["path"]) for x in s["snapshots"]]
+    return {"snapshots": snaps, "startup_s": startup + t0, "steps": s["step"],
+            "rl_seconds": s["steps"][-1]["time"] - t0, "sampled_correct": [r["correct_mean"] for r in s["steps"]]}
 
 
 # ---------------------------------------------------------------------------------------------- TRL
@@ -125,14 +132,12 @@ def run_trl(cfg: RunConfig, model_dir: Path, out: Path, threads: int) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from rewards.registry import make_task
-    from trainer.learner import evaluate
     from trainer.policy import load_tokenizer
 
     torch.set_num_threads(threads)
     t = cfg.train
     t_launch = time.monotonic()
     task = make_task(cfg.task.name, **cfg.task.params)
-    eval_items = task.eval_items(cfg.task.eval_size)
     n_items = t.max_steps * t.prompts_per_step
     # The swarm's item stream, in order; the same chat messages encode_prompt builds.
     by_idx = dict(zip(range(n_items), task.train_items(seed=cfg.task.seed), strict=False))
@@ -163,30 +168,30 @@ def run_trl(cfg: RunConfig, model_dir: Path, out: Path, threads: int) -> dict:
         use_vllm=False, use_cpu=True, bf16=False, fp16=False, seed=t.seed, logging_steps=1,
         save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
     )
-    curve: list[tuple[int, float, float]] = []
+    snaps: list[tuple[int, float, str]] = []
     clock = {"start": 0.0, "paused": 0.0}
 
     def rl_time() -> float:
         return time.monotonic() - clock["start"] - clock["paused"]
 
-    def run_eval(model, step: int) -> None:
+    def snapshot(model, step: int) -> None:
         t0, now = time.monotonic(), rl_time()
-        was_training = model.training
-        acc = evaluate(model, tok, task, eval_items, t.max_tokens)["accuracy"]
-        model.train(was_training)
-        curve.append((step, round(now, 2), acc))
-        clock["paused"] += time.monotonic() - t0  # evaluation is not on TRL's clock
-        print(f"  trl: step {step} t={curve[-1][1]:.1f}s acc {acc:.3f}", flush=True)
+        path = out / "trl" / "snapshots" / f"step-{step:06d}"
+        model.save_pretrained(path, safe_serialization=True)
+        tok.save_pretrained(path)
+        snaps.append((step, round(now, 3), str(path)))
+        clock["paused"] += time.monotonic() - t0  # keeping the copy is not on TRL's clock
+        print(f"  trl: step {step} t={now:.1f}s", flush=True)
 
     class Watch(TrainerCallback):
         def on_train_begin(self, a, state, control, model=None, **kw):
             clock["start"] = time.monotonic()
-            run_eval(model, 0)
             clock["startup"] = clock["start"] - t_launch
+            snapshot(model, 0)
 
         def on_step_end(self, a, state, control, model=None, **kw):
-            if state.global_step % t.eval_every == 0:
-                run_eval(model, state.global_step)
+            if state.global_step % t.snapshot_every == 0:
+                snapshot(model, state.global_step)
             if t.max_minutes > 0 and rl_time() >= t.max_minutes * 60:
                 control.should_training_stop = True
 
@@ -195,10 +200,27 @@ def run_trl(cfg: RunConfig, model_dir: Path, out: Path, threads: int) -> dict:
     trainer.remove_callback(PrinterCallback)  # a dict of metrics per step drowns the table
     trainer.train()
     step = trainer.state.global_step
-    if not curve or curve[-1][0] != step:
-        run_eval(trainer.model, step)
-    return {"curve": curve, "startup_s": clock.get("startup"), "steps": step, "rl_seconds": curve[-1][1],
+    rl_seconds = rl_time()
+    if snaps[-1][0] != step:
+        snapshot(trainer.model, step)
+    return {"snapshots": snaps, "startup_s": clock.get("startup"), "steps": step, "rl_seconds": rl_seconds,
             "sampled_correct": sampled}
+
+
+def score_snapshots(cfg: RunConfig, snaps: list, arm: str) -> list[tuple[int, float, float]]:
+    """Held-out greedy accuracy of every kept policy, by the same function for both arms."""
+    from rewards.registry import make_task
+    from trainer.learner import evaluate
+    from trainer.policy import load_model, load_tokenizer
+
+    task = make_task(cfg.task.name, **cfg.task.params)
+    items = task.eval_items(cfg.task.eval_size)
+    curve = []
+    for step, t, path in snaps:
+        acc = evaluate(load_model(path), load_tokenizer(path), task, items, cfg.train.max_tokens)["accuracy"]
+        curve.append((step, t, acc))
+        print(f"  {arm}: step {step} at {t:.1f}s: held-out accuracy {acc:.3f}", flush=True)
+    return curve
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -229,7 +251,8 @@ def main() -> int:
     p.add_argument("--target", type=float, help="target held-out accuracy (default: start + --target-gain)")
     p.add_argument("--target-gain", type=float, default=0.25)
     p.add_argument("--budget", type=float, help="RL seconds for the fixed-budget column (default: shorter run)")
-    p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="torch threads of TRL and of the swarm's trainer (the node has its own engine thread)")
     p.add_argument("--arms", default="swarm,trl")
     p.add_argument("--out", default="runs/bench-vs-trl")
     p.add_argument("--json", metavar="FILE")
@@ -248,15 +271,20 @@ def main() -> int:
     for arm in args.arms.split(","):
         print(f"arm {arm}:", flush=True)
         t0 = time.monotonic()
-        results[arm] = run_swarm(cfg, model_dir, out) if arm == "swarm" else run_trl(cfg, model_dir, out,
-                                                                                       args.trl_threads)
+        results[arm] = run_swarm(cfg, model_dir, out) if arm == "swarm" else run_trl(cfg, model_dir, out, args.threads)
         results[arm]["wall_s"] = round(time.monotonic() - t0, 1)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    print("scoring the kept policies:", flush=True)
+    for arm, r in results.items():
+        r["curve"] = score_snapshots(cfg, r["snapshots"], arm)
     start = results[next(iter(results))]["curve"][0][2]
     target = args.target if args.target is not None else min(1.0, start + args.target_gain)
     budget = args.budget or min(r["rl_seconds"] for r in results.values())
     print(f"\nstart accuracy {start:.3f}; target {target:.3f}; fixed budget {budget:.0f} s of RL time\n")
     head = (f"{'arm':<6} {'start-up s':>10} {'steps':>6} {'RL s':>7} {'s/step':>7} {'time to target s':>17} "
-            f"{'acc @ budget':>13} {'final acc':>10} {'best acc':>9} {'sampled acc first->last 5 steps':>32}")
+            f"{'from launch s':>14} {'acc @ budget':>13} {'final acc':>10} {'best acc':>9} {'sampled acc first->last 5 steps':>32}")
     print(head)
     rows = {}
     for arm, r in results.items():
@@ -265,13 +293,16 @@ def main() -> int:
         first = sum(sc[:k]) / max(len(sc[:k]), 1)
         last = sum(sc[-k:]) / max(len(sc[-k:]), 1)
         tt = time_to(c, target)
+        launch_tt = None if tt is None else tt + (r["startup_s"] or 0.0)
         rows[arm] = {"startup_s": r["startup_s"], "steps": r["steps"], "rl_seconds": r["rl_seconds"],
                      "s_per_step": r["rl_seconds"] / max(r["steps"], 1), "time_to_target_s": tt,
+                     "launch_to_target_s": launch_tt,
                      "acc_at_budget": acc_at(c, budget), "final_acc": c[-1][2], "best_acc": max(a for *_, a in c),
                      "sampled_first": first, "sampled_last": last, "curve": c, "wall_s": r["wall_s"]}
         w = rows[arm]
         print(f"{arm:<6} {w['startup_s'] or 0:>10.0f} {w['steps']:>6} {w['rl_seconds']:>7.0f} {w['s_per_step']:>7.2f} "
-              f"{'not reached' if tt is None else f'{tt:.0f}':>17} {w['acc_at_budget']:>13.3f} {w['final_acc']:>10.3f} "
+              f"{'not reached' if tt is None else f'{tt:.0f}':>17} "
+              f"{'-' if launch_tt is None else f'{launch_tt:.0f}':>14} {w['acc_at_budget']:>13.3f} {w['final_acc']:>10.3f} "
               f"{w['best_acc']:>9.3f} {f'{first:.3f} -> {last:.3f}':>32}")
     ratio = None
     if "swarm" in rows and "trl" in rows:
@@ -279,6 +310,8 @@ def main() -> int:
         if a is not None and b is not None:
             ratio = b / a if a > 0 else float("inf")
             print(f"\nswarm reaches {target:.3f} {ratio:.2f}x sooner than TRL (RL time {a:.0f} s vs {b:.0f} s)")
+            la, lb = rows["swarm"]["launch_to_target_s"], rows["trl"]["launch_to_target_s"]
+            print(f"counting start-up: {lb / la:.2f}x ({la:.0f} s vs {lb:.0f} s from launch)")
         elif a is not None:
             print(f"\nswarm reaches {target:.3f} in {a:.0f} s; TRL does not within {rows['trl']['rl_seconds']:.0f} s")
         else:

@@ -53,7 +53,8 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_tokens: int = 6
     temperature: float = 1.0
     top_p: float = 1.0
-    eval_every: int = 10
+    eval_every: int = 10  # steps between held-out evaluations (0 = only at the start and the end)
+    snapshot_every: int = 0  # steps between kept copies of the policy in RUN/snapshots/ (0 = none)
     checkpoint_every: int = 25  # steps between checkpoints (model, optimizer, cursor, RNG); 0 = only at the end
     keep_versions: int = 3
     torch_threads: int = 1

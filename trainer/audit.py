@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swarm import protocol as P
-from trainer.policy import pack
+from trainer.policy import completion_logits, pack_groups
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,13 @@ class Auditor:
             if self.loaded != version:
                 self.model.load_state_dict(state)
                 self.loaded = version
-            b = pack([prompt_ids] * len(samples), [s.token_ids for s in samples],
-                     [s.logprobs for s in samples], self.pad_id)
-            logits = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1].float()
+            b = pack_groups([prompt_ids], [[s.token_ids for s in samples]], [[s.logprobs for s in samples]],
+                            self.pad_id)
+            logits = completion_logits(self.model, b)
         logprobs = torch.log_softmax(logits / self.temperature, dim=-1)
         mask = b.completion_mask.bool()
-        ours = logprobs.gather(-1, b.targets.unsqueeze(-1)).squeeze(-1)
+        targets = b.completion_ids
+        ours = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         diff = ((ours - b.old_logp).abs() * mask).max().item()
         worst = ours.masked_fill(~mask, 0.0).min().item()
         if diff > self.cfg.tol:
@@ -98,7 +99,7 @@ class Auditor:
         if self.top_p < 1.0:
             # The nucleus: tokens whose more-likely competitors hold less than top_p of the mass.
             probs = logprobs.exp()
-            p_tok = probs.gather(-1, b.targets.unsqueeze(-1))
+            p_tok = probs.gather(-1, targets.unsqueeze(-1))
             mass_above = (probs * (probs > p_tok)).sum(-1)
             outside = (mass_above > self.top_p + self.cfg.top_p_slack) & mask
             if outside.any():

@@ -7,9 +7,9 @@ import copy
 import torch
 
 from rewards.base import Task, TaskItem
-from trainer.grpo import LossConfig, group_advantages, grpo_loss, token_logprobs
+from trainer.grpo import LossConfig, group_advantages, grpo_loss
 from trainer.intake import Group
-from trainer.policy import encode_prompt, greedy_complete, pack
+from trainer.policy import completion_logprobs, encode_prompt, greedy_complete, pack_groups
 
 
 class Learner:
@@ -24,10 +24,6 @@ class Learner:
         if loss.kl_beta > 0:  # a frozen copy of the starting policy
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
 
-    def _logp(self, model, batch) -> torch.Tensor:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        return token_logprobs(out.logits[:, :-1].float() / self.temperature, batch.targets)
-
     def step(self, groups: list[Group]) -> dict[str, float]:
         """One optimizer step. Groups whose advantages are all zero carry no signal and are skipped."""
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
@@ -36,26 +32,24 @@ class Learner:
         stats = {"zero_adv_groups": float(len(groups) - len(keep)), "groups": float(len(groups))}
         if not keep:
             return stats
-        prompts, comps, olds, advs = [], [], [], []
-        for i in keep:
-            for j, s in enumerate(groups[i].samples):
-                prompts.append(groups[i].prompt_ids)
-                comps.append(s.token_ids)
-                olds.append(s.logprobs)
-                advs.append(float(adv[i, j]))
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
-        total_tokens = float(sum(len(c) for c in comps))
+        total_tokens = float(sum(len(s.token_ids) for i in keep for s in groups[i].samples))
         agg: dict[str, float] = {}
-        for lo in range(0, len(prompts), self.micro_batch):
-            hi = lo + self.micro_batch
-            b = pack(prompts[lo:hi], comps[lo:hi], olds[lo:hi], self.tok.pad_token_id)
-            logp = self._logp(self.model, b)
+        # Micro-batches of whole groups (a group's samples share its prompt's forward pass).
+        per_mb = max(1, self.micro_batch // max(len(groups[i].samples) for i in keep))
+        for lo in range(0, len(keep), per_mb):
+            idx = keep[lo : lo + per_mb]
+            b = pack_groups([groups[i].prompt_ids for i in idx],
+                            [[s.token_ids for s in groups[i].samples] for i in idx],
+                            [[s.logprobs for s in groups[i].samples] for i in idx], self.tok.pad_token_id)
+            advs = torch.tensor([float(adv[i, j]) for i in idx for j in range(len(groups[i].samples))])
+            logp = completion_logprobs(self.model, b, self.temperature)
             ref = None
             if self.ref is not None:
                 with torch.no_grad():
-                    ref = self._logp(self.ref, b)
-            loss, st = grpo_loss(logp, b.old_logp, torch.tensor(advs[lo:hi]), b.completion_mask, self.loss_cfg, ref)
+                    ref = completion_logprobs(self.ref, b, self.temperature)
+            loss, st = grpo_loss(logp, b.old_logp, advs, b.completion_mask, self.loss_cfg, ref)
             # grpo_loss normalises by this micro-batch's tokens; rescale to the whole batch's count.
             (loss * (st["tokens"] / total_tokens)).backward()
             for k, v in st.items():

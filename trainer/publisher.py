@@ -3,12 +3,14 @@
 Layout: RUN/versions/v{N}/ holds config, tokenizer files, and `model-0000i-of-0000n.safetensors` shards
 with their `model.safetensors.index.json`. A version appears under its final name only once complete
 (written to a temporary name, then renamed), so nothing can serve or load half a version. The relay
-tree's origin then hashes and signs it (broadcast/manifest.py). The last `keep` versions are kept.
+tree's origin then hashes and signs it (broadcast/manifest.py). The last `keep` versions are kept;
+`snapshot` keeps one for good under RUN/snapshots/ (hard links: no copy, and retention cannot touch it).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -57,6 +59,21 @@ class Publisher:
         tmp.rename(final)
         self._retain(version)
         return final
+
+    def snapshot(self, version: int, name: str) -> Path:
+        """Keep published `version` as RUN/snapshots/NAME, a loadable HF directory."""
+        dest = self.root.parent / "snapshots" / name
+        tmp = dest.with_name(f".{name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for f in self.path(version).iterdir():
+            try:
+                os.link(f, tmp / f.name)
+            except OSError:  # a file system without hard links
+                shutil.copy2(f, tmp / f.name)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+        return dest
 
     def versions(self) -> list[int]:
         return sorted(int(p.name[1:]) for p in self.root.glob("v*") if p.name[1:].isdigit())

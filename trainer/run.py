@@ -3,7 +3,8 @@
 Start (or resume from the newest complete checkpoint): load the policy, publish it, open the node
 service (zmq), the relay tree's origin and the HTTP side, and evaluate the starting point. Then loop:
 wait for a batch of accepted groups, take one GRPO step, publish and announce the new version, log the
-batch, evaluate every `eval_every` steps and checkpoint every `checkpoint_every`. Nodes keep generating
+batch, evaluate every `eval_every` steps, checkpoint every `checkpoint_every` and keep a snapshot of
+the policy every `snapshot_every` (for evaluation after the run, off the run's clock). Nodes keep generating
 while the learner works; the step runs on a worker thread so the services never stall.
 
 Versions only ever go up: a resumed run publishes its first version above every version already
@@ -42,7 +43,7 @@ from trainer.model_prep import prepare_base_model
 from trainer.policy import load_model, load_tokenizer
 from trainer.publisher import Publisher
 from trainer.server import TrainerServer
-from trainer.stats import EvalRow, RunStats, StepRow
+from trainer.stats import EvalRow, RunStats, SnapshotRow, StepRow
 from trainer.web.view import WebView
 
 log = logging.getLogger("swarm.trainer")
@@ -158,10 +159,17 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
         path = await asyncio.to_thread(save_checkpoint, run_dir, model, learner.opt, st)
         log.info("checkpoint %s", path.name)
 
+    async def snapshot() -> None:
+        name = f"step-{stats.step:06d}"
+        path = await asyncio.to_thread(publisher.snapshot, version, name)
+        stats.snapshots.append(SnapshotRow(stats.step, version, round(stats.elapsed(), 3), str(path)))
+
     try:
         if state is None:
             await run_eval(0)
             stats.t0 = time.time()  # the RL clock starts once everything is up
+            if t.snapshot_every:
+                await snapshot()
         else:
             stats.t0 = time.time() - state.elapsed_s
         deadline = float("inf")  # max_minutes counts from the first batch, not from engines starting up
@@ -197,7 +205,9 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
             stats.m_step_s.observe(secs)
             log.info("step %d (v%d): reward %.3f correct %.3f lag %.2f zero-adv %d/%d loss %.4f (%.2fs)",
                      stats.step, version, row.reward_mean, row.correct_mean, lag, zero, len(groups), row.loss, secs)
-            if stats.step % t.eval_every == 0:
+            if t.snapshot_every and stats.step % t.snapshot_every == 0:
+                await snapshot()
+            if t.eval_every and stats.step % t.eval_every == 0:
                 await run_eval(stats.step)
             if t.checkpoint_every and stats.step % t.checkpoint_every == 0:
                 await checkpoint()

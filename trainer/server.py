@@ -201,6 +201,8 @@ class TrainerServer:
         n = min(req.max_prompts, room) if req.version_loaded >= min_version else 0
         out = []
         deadline = time.monotonic() + self.cfg.server.assignment_timeout_s
+        if n > 0 and self.stats.first_work_at is None:
+            self.stats.first_work_at = time.time()  # a node is up with weights: generation can begin
         for _ in range(max(n, 0)):
             item = self._next_item(req.node_id)
             aid = uuid.uuid4().hex[:16]

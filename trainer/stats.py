@@ -48,6 +48,13 @@ class EvalRow(msgspec.Struct):
     reward_mean: float
 
 
+class SnapshotRow(msgspec.Struct):
+    step: int
+    version: int
+    time: float  # RL seconds when the version was published
+    path: str
+
+
 class ThroughputSample(msgspec.Struct, array_like=True):
     """Cumulative accepted counts at one instant; rates are differences between samples."""
 
@@ -78,6 +85,8 @@ class Summary(msgspec.Struct):
     banned: list[str] = []
     audit_seconds: float = 0.0  # wall time spent in computation audits
     quarantined: int = 0  # groups of nodes on probation, waiting to be released to the learner
+    snapshots: list[SnapshotRow] = []  # kept copies of the policy (train.snapshot_every)
+    first_work_s: float | None = None  # RL seconds when a node first got work (it had weights loaded)
 
 
 @dataclass
@@ -112,6 +121,8 @@ class RunStats:
         self.audits = 0
         self.audit_seconds = 0.0
         self.quarantined = 0
+        self.snapshots: list[SnapshotRow] = []
+        self.first_work_at: float | None = None  # unix time a node first got work
         self.banned: set[str] = set()
         self.calibration = None  # set by the trainer to the auditor's Calibration
         self.lag_counts: Counter = Counter()  # accepted groups by policy-version lag
@@ -234,4 +245,5 @@ class RunStats:
                        self.accepted_groups, self.trained_groups, dict(self.dropped), dict(self.refused),
                        self.tokens, round(self.tokens_per_s(), 1), rows, self.steps, self.evals,
                        self.audits, self.calibration.summary() if self.calibration else {},
-                       sorted(self.banned), round(self.audit_seconds, 3), self.quarantined)
+                       sorted(self.banned), round(self.audit_seconds, 3), self.quarantined, self.snapshots,
+                       None if self.first_work_at is None else round(max(0.0, self.first_work_at - self.t0), 3))
