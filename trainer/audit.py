@@ -61,9 +61,9 @@ class Auditor:
         self.calibration = Calibration()
         self._lock = threading.Lock()  # one audit at a time on the shared audit model
 
-    def remember(self, version: int, model, keep_from: int) -> None:
-        """Keep version `version`'s weights (a CPU copy) and forget those older than `keep_from`."""
-        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    def remember(self, version: int, state: dict[str, torch.Tensor], keep_from: int) -> None:
+        """Keep version `version`'s weights (a state dict no one changes) and forget those older than
+        `keep_from`."""
         with self._lock:
             self.versions[version] = state
             for v in [v for v in self.versions if v < keep_from]:

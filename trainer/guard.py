@@ -1,7 +1,7 @@
 """Who may talk to the trainer, how much, and what happens to those who cheat.
 
 - Admission: open, or an allowlist of keys; bans are by key, kept in RUN/bans.json so they survive a
-  restart.
+  restart. Keys that passed probation are kept in RUN/established.json for the same reason.
 - Limits per key: a token bucket on messages, and a cap on assignments held at once.
 - Consequences: every fraud is a strike; `strikes_to_ban` strikes ban the key. A node with a strike is
   a suspect: all of its groups are audited from then on.
@@ -78,13 +78,15 @@ class Guard:
         self.cfg = cfg
         self.path = Path(run_dir) / "bans.json"
         self.bans: dict[str, str] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.established_path = Path(run_dir) / "established.json"
+        self.established: set[str] = (set(json.loads(self.established_path.read_text()))
+                                      if self.established_path.exists() else set())
         self.strikes: Counter = Counter()
         self.suspects: set[str] = set()
         self.pairs = PairedRewards()
         self._buckets: dict[str, tuple[float, float]] = {}
         self.last_register_ms: dict[str, int] = {}
         self.probation: dict[str, int] = {}  # node -> groups it delivered while on probation
-        self.established: set[str] = set()
 
     def admit(self, node_id: str) -> str | None:
         if node_id in self.bans:
@@ -122,9 +124,7 @@ class Guard:
 
     def ban(self, node_id: str, reason: str) -> None:
         self.bans[node_id] = reason
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.bans, indent=1, sort_keys=True))
-        tmp.replace(self.path)
+        _write_json(self.path, self.bans)
 
     def begin_probation(self, node_id: str) -> None:
         """A key seen for the first time starts on probation (a re-registration changes nothing)."""
@@ -143,7 +143,15 @@ class Guard:
     def release(self, node_id: str) -> None:
         self.probation.pop(node_id, None)
         self.established.add(node_id)
+        _write_json(self.established_path, sorted(self.established))
 
     def cherry_picking(self, node_id: str) -> bool:
         n, z = self.pairs.z(node_id)
         return n >= self.cfg.pair_min and z > self.cfg.pair_z
+
+
+def _write_json(path: Path, obj) -> None:
+    """Whole or not at all: a crash mid-write leaves the previous file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    tmp.replace(path)

@@ -119,6 +119,19 @@ def completion_logits(model, b: GroupedBatch) -> torch.Tensor:
     return logits.float()
 
 
+def frozen_state(model) -> dict[str, torch.Tensor]:
+    """A CPU copy of `model`'s weights that later optimizer steps leave alone. Tied weights (an LM head
+    that is the embedding) stay one tensor, so a version saved from it is laid out as the model's own."""
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for k, v in model.state_dict().items():
+        key = (v.data_ptr(), tuple(v.shape), v.stride())
+        if key not in copies:
+            copies[key] = v.detach().to("cpu", copy=True)
+        out[k] = copies[key]
+    return out
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     from transformers import AutoModelForCausalLM
 

@@ -44,13 +44,16 @@ class Publisher:
     def path(self, version: int) -> Path:
         return self.root / version_name(version)
 
-    def publish(self, model, version: int) -> Path:
-        """Write `model`'s weights as version `version`; returns its directory."""
+    def publish(self, model, version: int, state: dict | None = None) -> Path:
+        """Write `model`'s weights (or `state`, a frozen copy of them) as version `version`; returns its
+        directory."""
         final = self.path(version)
         tmp = self.root / f".{version_name(version)}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        model.save_pretrained(tmp, safe_serialization=True, max_shard_size=self.max_shard_bytes)
+        # save_pretrained deletes tied keys from the dict it is given: hand it a copy, the caller's is shared.
+        state = None if state is None else dict(state)
+        model.save_pretrained(tmp, state_dict=state, safe_serialization=True, max_shard_size=self.max_shard_bytes)
         for name in _SIDE_FILES:
             src = self.base / name
             if src.exists() and not (tmp / name).exists():

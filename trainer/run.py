@@ -3,9 +3,10 @@
 Start (or resume from the newest complete checkpoint): load the policy, publish it, open the node
 service (zmq), the relay tree's origin and the HTTP side, and evaluate the starting point. Then loop:
 wait for a batch of accepted groups, take one GRPO step, publish and announce the new version, log the
-batch, evaluate every `eval_every` steps, checkpoint every `checkpoint_every` and keep a snapshot of
-the policy every `snapshot_every` (for evaluation after the run, off the run's clock). Nodes keep generating
-while the learner works; the step runs on a worker thread so the services never stall.
+batch, evaluate every `eval_every` steps, checkpoint every `checkpoint_every` and keep a snapshot of the
+policy every `snapshot_every` (for evaluation after the run, off the run's clock). Nodes keep generating
+while the learner works; the step runs on a worker thread so the services never stall, and a version is
+written, signed and announced while the next step runs (only a copy of the weights is on the step's path).
 
 Versions only ever go up: a resumed run publishes its first version above every version already
 published, so a node never sees one number name two different sets of weights.
@@ -40,7 +41,7 @@ from trainer.http_api import make_app, serve
 from trainer.learner import Learner, evaluate
 from trainer.ledger import Ledger
 from trainer.model_prep import prepare_base_model
-from trainer.policy import load_model, load_tokenizer
+from trainer.policy import frozen_state, load_model, load_tokenizer
 from trainer.publisher import Publisher
 from trainer.server import TrainerServer
 from trainer.stats import EvalRow, RunStats, SnapshotRow, StepRow
@@ -112,8 +113,8 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
         # Versions published before a resume may still be answered with: the audit needs their weights.
         for v in publisher.versions():
             if v >= version - t.max_lag:
-                auditor.remember(v, load_model(publisher.path(v)), keep_from=version - t.max_lag)
-        auditor.remember(version, model, keep_from=version - t.max_lag)
+                auditor.remember(v, load_model(publisher.path(v)).state_dict(), keep_from=version - t.max_lag)
+        auditor.remember(version, frozen_state(model), keep_from=version - t.max_lag)
     stats.banned.update(guard.bans)
     await origin.publish(await asyncio.to_thread(publisher.publish, model, version), version, None)
     stats.version = version
@@ -129,8 +130,13 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
         server.items_drawn = state.items_drawn
         server.retry.extend(state.retry)
         restore_rng(server.rng, state.server_rng)
-        server.buffer = ledger.pending()  # accepted before the crash, not trained on in a kept step
-        log.info("resume: %d accepted groups back in the buffer", len(server.buffer))
+        # Accepted before the crash and not trained on in a kept step. Groups of keys that had not passed
+        # probation go back to quarantine: they wait for that key's verdict (or go stale), as before.
+        for g in ledger.pending():
+            (server.buffer if g.node_id in guard.established else server.quarantine).append(g)
+        stats.quarantined = len(server.quarantine)
+        log.info("resume: %d accepted groups back in the buffer, %d in quarantine", len(server.buffer),
+                 len(server.quarantine))
     host, http_port = cfg.server.host, cfg.server.http_port
     # The web view samples throughput once a second and serves the live page on its own port; its /api
     # routes go on http_port too.
@@ -151,7 +157,26 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
         log.info("eval step %d: held-out greedy accuracy %.3f (mean reward %.3f)", step, ev["accuracy"],
                  ev["reward_mean"])
 
+    publishing: asyncio.Task | None = None  # the newest version, being written, signed and announced
+
+    async def publish(v: int, weights: dict, step: int, step_time: float) -> None:
+        path = await asyncio.to_thread(publisher.publish, model, v, weights)
+        await origin.publish(path, v, v - 1)
+        await server.announce(v)
+        stats.version = v
+        if t.snapshot_every and step % t.snapshot_every == 0:
+            await snapshot(v, step, step_time)
+
+    async def published() -> None:
+        """Wait until the version in flight is out: versions go out in order, and checkpoints and
+        snapshots name published versions."""
+        nonlocal publishing
+        if publishing is not None:
+            task, publishing = publishing, None
+            await task
+
     async def checkpoint() -> None:
+        await published()
         st = TrainerState(stats.step, version, server.items_drawn,
                           list(server.retry) + [h.item for h in server.held.values()], rng_state(server.rng),
                           stats.steps, stats.evals, stats.accepted_groups, stats.tokens, dict(stats.dropped),
@@ -159,34 +184,33 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
         path = await asyncio.to_thread(save_checkpoint, run_dir, model, learner.opt, st)
         log.info("checkpoint %s", path.name)
 
-    async def snapshot() -> None:
-        name = f"step-{stats.step:06d}"
-        path = await asyncio.to_thread(publisher.snapshot, version, name)
-        stats.snapshots.append(SnapshotRow(stats.step, version, round(stats.elapsed(), 3), str(path)))
+    async def snapshot(v: int, step: int, step_time: float) -> None:
+        path = await asyncio.to_thread(publisher.snapshot, v, f"step-{step:06d}")
+        stats.snapshots.append(SnapshotRow(step, v, round(step_time, 3), str(path)))
 
     try:
         if state is None:
             await run_eval(0)
             stats.t0 = time.time()  # the RL clock starts once everything is up
             if t.snapshot_every:
-                await snapshot()
+                await snapshot(version, 0, 0.0)
         else:
             stats.t0 = time.time() - state.elapsed_s
         deadline = float("inf")  # max_minutes counts from the first batch, not from engines starting up
         while stats.step < t.max_steps and time.monotonic() < deadline:
-            groups = await server.take_batch(t.prompts_per_step)
+            groups = await server.take_batch(t.prompts_per_step, oldest=version - t.max_lag)
             if deadline == float("inf") and t.max_minutes > 0:
                 deadline = time.monotonic() + t.max_minutes * 60
             t0 = time.perf_counter()
             st = await asyncio.to_thread(learner.step, groups)
             stats.step += 1
             version += 1
+            weights = await asyncio.to_thread(frozen_state, model)
             if auditor is not None:  # before the announcement: a node may answer with it at once
-                await asyncio.to_thread(auditor.remember, version, model, version - t.max_lag)
-            path = await asyncio.to_thread(publisher.publish, model, version)
-            await origin.publish(path, version, version - 1)
-            await server.announce(version)
-            stats.version = version
+                await asyncio.to_thread(auditor.remember, version, weights, version - t.max_lag)
+            await published()  # the previous version overlapped this step; it goes out first
+            # Writing, hashing, signing and announcing this version overlaps the next step.
+            publishing = asyncio.create_task(publish(version, weights, stats.step, stats.elapsed()))
             ledger.batch(stats.step, groups)
             secs = time.perf_counter() - t0
             zero = int(st["zero_adv_groups"])
@@ -205,12 +229,11 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
             stats.m_step_s.observe(secs)
             log.info("step %d (v%d): reward %.3f correct %.3f lag %.2f zero-adv %d/%d loss %.4f (%.2fs)",
                      stats.step, version, row.reward_mean, row.correct_mean, lag, zero, len(groups), row.loss, secs)
-            if t.snapshot_every and stats.step % t.snapshot_every == 0:
-                await snapshot()
             if t.eval_every and stats.step % t.eval_every == 0:
                 await run_eval(stats.step)
             if t.checkpoint_every and stats.step % t.checkpoint_every == 0:
                 await checkpoint()
+        await published()
         if not stats.evals or stats.evals[-1].step != stats.step:
             await run_eval(stats.step)
         # The run is over: what is left in the buffer will not be trained on. Say so in the ledger.
@@ -220,6 +243,8 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
             server.buffer = []
         await checkpoint()
     finally:
+        if publishing is not None:
+            publishing.cancel()
         stats.done = True
         ledger.close()
         summary = stats.summary(cfg.server.heartbeat_s)

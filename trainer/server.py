@@ -72,12 +72,14 @@ class TrainerServer:
 
     # ---- the learner's side -----------------------------------------------------------------------
 
-    async def take_batch(self, n: int) -> list[Group]:
-        """Wait for n accepted groups (oldest first), dropping any that went stale meanwhile."""
+    async def take_batch(self, n: int, oldest: int | None = None) -> list[Group]:
+        """Wait for n accepted groups (oldest first), dropping any from versions before `oldest` (default:
+        the max_lag window behind the announced version; the learner may be a version ahead of it)."""
         while True:
+            floor = self.version - self.cfg.train.max_lag if oldest is None else oldest
             fresh = []
             for g in self.buffer:
-                if g.version < self.version - self.cfg.train.max_lag:
+                if g.version < floor:
                     self.stats.drop("stale")
                     self.on_drop([g], "stale")
                 else:
@@ -165,6 +167,10 @@ class TrainerServer:
         self.idents[msg.node_id] = ident
         if self.cfg.security.probation_groups > 0:
             self.guard.begin_probation(msg.node_id)
+            if msg.node_id in self.guard.probation:
+                # Groups it delivered before a trainer restart wait in quarantine, audited: they count.
+                waiting = sum(1 for g in self.quarantine if g.node_id == msg.node_id)
+                self.guard.probation[msg.node_id] = max(self.guard.probation[msg.node_id], waiting)
         log.info("node %s registered (%s)", msg.name, msg.node_id[:12])
         return P.Registered(node_id=msg.node_id, weights=self.weights_info(), sampling=self.sampling,
                             heartbeat_s=self.cfg.server.heartbeat_s, max_lag=self.cfg.train.max_lag,
@@ -233,8 +239,13 @@ class TrainerServer:
             for r in sub.rollouts:
                 if verdicts[r.assignment_id] is None and self.auditor.should_audit(node.accepted_groups, suspect):
                     t0 = time.perf_counter()
-                    res = await asyncio.to_thread(self.auditor.audit, helds[r.assignment_id].prompt_ids,
-                                                  r.samples, sub.version)
+                    try:
+                        res = await asyncio.to_thread(self.auditor.audit, helds[r.assignment_id].prompt_ids,
+                                                      r.samples, sub.version)
+                    except Exception:  # our bug, not the node's lie: its prompt goes back to the queue
+                        log.exception("the audit of %s from %s failed", r.assignment_id, node.name)
+                        verdicts[r.assignment_id] = "audit_error"
+                        continue
                     self.stats.audits += 1
                     self.stats.audit_seconds += time.perf_counter() - t0
                     if res.reason == "unknown_version" and sub.version <= self.version:

@@ -29,6 +29,10 @@ def test_honest_pairs_release(tmp_path):
     assert "new" not in g.probation and "new" in g.established
     g.begin_probation("new")  # re-registering does not put an established key back on probation
     assert "new" not in g.probation
+    again = Guard(tmp_path, GuardConfig())  # a restarted trainer remembers who was established
+    again.begin_probation("new")
+    again.begin_probation("other")
+    assert "new" in again.established and "new" not in again.probation and "other" in again.probation
 
 
 def test_reward_excess_is_caught(tmp_path):
