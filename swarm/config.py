@@ -86,7 +86,9 @@ class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     audit_rate: float = 0.1  # share of an established node's groups re-scored by the trainer
     audit_new_node_groups: int = 8  # every group of a node's first N is audited
     audit_tol: float = 0.01  # |node log-prob - trainer log-prob| above this (nats) is fraud
-    min_token_logprob: float = -18.0  # a sampled token below this log-prob is implausible
+    # A sampled token is implausible when all the tokens at most as likely hold less than this much
+    # probability: honest sampling lands there with exactly this chance per token (a p-value).
+    min_tail_mass: float = 1e-9
     duplicate_share: float = 0.05  # prompts also given to a second node, for the cherry-picking test
     pair_z: float = 4.0
     pair_min: int = 12

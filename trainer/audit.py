@@ -28,7 +28,11 @@ class AuditConfig:
     rate: float = 0.1  # share of groups audited from established nodes
     new_node_groups: int = 8  # every group of a node's first N is audited (and all of a suspect's)
     tol: float = 0.01  # largest accepted |node log-prob - recomputed log-prob|, in nats
-    min_token_logprob: float = -18.0  # a sampled token less likely than e^-18 (1.5e-8) is implausible
+    # Implausible: the sampled token and every token no more likely than it hold less than this mass. An
+    # honest sampler picks such a token with probability below min_tail_mass (a p-value per token), so
+    # the false-alarm rate is known whatever the vocabulary; a raw log-prob floor is not (a 49k-token
+    # vocabulary at T=1 samples e^-18-rare tokens now and then: an honest node was banned for it).
+    min_tail_mass: float = 1e-9
     top_p_slack: float = 1e-3
 
 
@@ -37,6 +41,7 @@ class AuditResult:
     reason: str | None  # None when the group passed
     max_diff: float
     worst_logprob: float
+    worst_tail: float = 1.0  # smallest tail mass (see min_tail_mass) among the sampled tokens
 
 
 @dataclass
@@ -94,15 +99,17 @@ class Auditor:
         worst = ours.masked_fill(~mask, 0.0).min().item()
         if diff > self.cfg.tol:
             return AuditResult("logprob_mismatch", diff, worst)
-        if worst < self.cfg.min_token_logprob:
-            return AuditResult("implausible_token", diff, worst)
+        probs = logprobs.exp()
+        p_tok = probs.gather(-1, targets.unsqueeze(-1))
+        tail = (probs * (probs <= p_tok)).sum(-1)  # the sampled token's mass and all less likely tokens'
+        worst_tail = tail.masked_fill(~mask, 1.0).min().item()
+        if worst_tail < self.cfg.min_tail_mass:
+            return AuditResult("implausible_token", diff, worst, worst_tail)
         if self.top_p < 1.0:
             # The nucleus: tokens whose more-likely competitors hold less than top_p of the mass.
-            probs = logprobs.exp()
-            p_tok = probs.gather(-1, targets.unsqueeze(-1))
             mass_above = (probs * (probs > p_tok)).sum(-1)
             outside = (mass_above > self.top_p + self.cfg.top_p_slack) & mask
             if outside.any():
-                return AuditResult("outside_top_p", diff, worst)
+                return AuditResult("outside_top_p", diff, worst, worst_tail)
         self.calibration.diffs.append(diff)
-        return AuditResult(None, diff, worst)
+        return AuditResult(None, diff, worst, worst_tail)

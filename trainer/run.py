@@ -108,7 +108,7 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
     if sec.audit:
         auditor = Auditor(model, tok.pad_token_id, t.temperature, t.top_p,
                           AuditConfig(sec.audit_rate, sec.audit_new_node_groups, sec.audit_tol,
-                                      sec.min_token_logprob), seed=t.seed)
+                                      sec.min_tail_mass), seed=t.seed)
         stats.calibration = auditor.calibration
         # Versions published before a resume may still be answered with: the audit needs their weights.
         for v in publisher.versions():

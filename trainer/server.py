@@ -253,8 +253,9 @@ class TrainerServer:
                         verdicts[r.assignment_id] = "stale"
                         continue
                     if res.reason:
-                        log.warning("audit of %s from %s failed: %s (max |dlogp| %.4f, worst logp %.1f)",
-                                    r.assignment_id, node.name, res.reason, res.max_diff, res.worst_logprob)
+                        log.warning("audit of %s from %s failed: %s (max |dlogp| %.4f, worst logp %.1f, "
+                                    "smallest tail mass %.2g)", r.assignment_id, node.name, res.reason,
+                                    res.max_diff, res.worst_logprob, res.worst_tail)
                         verdicts[r.assignment_id] = res.reason
                         break
         fraud = next((v for v in verdicts.values() if v in FRAUD), None)
