@@ -10,8 +10,10 @@
   M shared prompts a one-sided paired z-test compares each node's mean reward with its partners'. An
   honest node's differences average zero; a cherry-picker's are positive.
 - Probation: a new key's groups wait in a quarantine, every one of its prompts also goes to another node,
-  and only once `pair_min` shared prompts show no significant reward excess is it established and its
-  groups released to the learner. So a cherry-picker is caught before any of its work is trained on.
+  and only once at least `pair_min` shared prompts show a small reward excess (z <= `release_z`) is it
+  established and its groups released to the learner; z > `pair_z` catches it, and in between more shared
+  prompts decide (a sequential test: releasing on "not yet significant" let a best-of-4 node through).
+  So a cherry-picker is caught before any of its work is trained on.
   A node with nobody to be paired with (it is alone) is released after `probation_groups` audited groups.
 """
 
@@ -41,6 +43,7 @@ class GuardConfig:
     max_held: int = 128  # assignments one node may hold at once
     pair_z: float = 4.0  # z above which a node's reward excess over its partners is cherry-picking
     pair_min: int = 12  # shared prompts needed before the test may fire
+    release_z: float = 1.0  # probation ends in release only at z <= this
 
 
 class PairedRewards:
@@ -135,7 +138,11 @@ class Guard:
         """"cherry_picking", "released", or None while the evidence is not in yet."""
         n, z = self.pairs.z(node_id)
         if n >= self.cfg.pair_min:
-            return "cherry_picking" if z > self.cfg.pair_z else "released"
+            if z > self.cfg.pair_z:
+                return "cherry_picking"
+            if z <= self.cfg.release_z:
+                return "released"
+            return None  # not clean enough to release, not enough to convict: more shared prompts
         if not has_partner and self.probation.get(node_id, 0) >= probation_groups:
             return "released"  # nobody to compare with; every one of its groups passed the audit
         return None

@@ -103,7 +103,8 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
              run_dir / "trainer.pub")
     sec = cfg.security
     guard = Guard(run_dir, GuardConfig(frozenset(sec.allowlist), sec.strikes_to_ban, sec.msg_rate, sec.msg_burst,
-                                       sec.max_held, sec.pair_z, sec.pair_min))
+                                       sec.max_held, sec.pair_z, sec.pair_min,
+                                       sec.pair_release_z))
     auditor = None
     if sec.audit:
         auditor = Auditor(model, tok.pad_token_id, t.temperature, t.top_p,

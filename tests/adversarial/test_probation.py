@@ -52,3 +52,17 @@ def test_alone_released_after_its_groups(tmp_path):
     g.probation["new"] = 16
     assert g.probation_verdict("new", 16, has_partner=True) is None  # a partner exists: wait for pairs
     assert g.probation_verdict("new", 16, has_partner=False) == "released"
+
+
+def test_a_middling_excess_keeps_probation_going(tmp_path):
+    g = _guard(tmp_path)
+    for i in range(12):  # a small, noisy excess: 1 < z < 4
+        g.pairs.add(f"i{i}", "old", 0.5)
+        g.pairs.add(f"i{i}", "new", 0.5 + (0.15 if i % 2 else -0.05))
+    n, z = g.pairs.z("new")
+    assert n == 12 and 1.0 < z < 4.0
+    assert g.probation_verdict("new", 16, has_partner=True) is None
+    for i in range(12, 100):  # the same excess over more prompts: convicted (z ~ 5)
+        g.pairs.add(f"i{i}", "old", 0.5)
+        g.pairs.add(f"i{i}", "new", 0.5 + (0.15 if i % 2 else -0.05))
+    assert g.probation_verdict("new", 16, has_partner=True) == "cherry_picking"
