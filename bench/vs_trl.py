@@ -47,7 +47,7 @@ def bench_config(args) -> RunConfig:
             f"train.group_size={args.group_size}", f"train.prompts_per_step={args.prompts_per_step}",
             f"train.lr={args.lr}", "train.eval_every=0", f"train.snapshot_every={args.eval_every}",
             "train.checkpoint_every=0", f"train.torch_threads={args.threads}", f"task.eval_size={args.eval_size}",
-            f"train.inflight_groups={2 * args.prompts_per_step}"]
+            f"train.inflight_groups={args.prompts_per_step}"]  # one batch ahead: fresh rollouts
     if args.model == "smollm2":
         sets += [f'model.path="{args.smollm2_dir}"', 'task.name="gym:single_digit"',
                  'task.params={answer_format="last_number", system_prompt="", eval_share=0.3}',
