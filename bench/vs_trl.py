@@ -69,7 +69,7 @@ def base_model(cfg: RunConfig) -> Path:
 # ---------------------------------------------------------------------------------------------- swarm
 
 
-def run_swarm(cfg: RunConfig, model_dir: Path, out: Path) -> dict:
+def run_swarm(cfg: RunConfig, model_dir: Path, out: Path, trusted: bool = True) -> dict:
     import msgspec
 
     cfg = msgspec.structs.replace(cfg, model=msgspec.structs.replace(cfg.model, path=str(model_dir)))
@@ -80,6 +80,11 @@ def run_swarm(cfg: RunConfig, model_dir: Path, out: Path) -> dict:
 
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
+    if trusted:  # the node is the operator's own, as TRL's generation is: no probation before it may train
+        from swarm.keys import KeyPair
+
+        node_key = KeyPair.load_or_create(run_dir / "node" / "node.key")
+        cfg.security.trusted = [node_key.public_hex]
     cfg_path = run_dir / "bench.toml"
     cfg_path.write_text(dump_config(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -254,6 +259,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="torch threads of TRL and of the swarm's trainer (the node has its own engine thread)")
     p.add_argument("--arms", default="swarm,trl")
+    p.add_argument("--untrusted", action="store_true",
+                   help="the swarm's node is a stranger: probation (audited, quarantined groups) before it trains")
     p.add_argument("--out", default="runs/bench-vs-trl")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
@@ -271,7 +278,10 @@ def main() -> int:
     for arm in args.arms.split(","):
         print(f"arm {arm}:", flush=True)
         t0 = time.monotonic()
-        results[arm] = run_swarm(cfg, model_dir, out) if arm == "swarm" else run_trl(cfg, model_dir, out, args.threads)
+        if arm == "swarm":
+            results[arm] = run_swarm(cfg, model_dir, out, trusted=not args.untrusted)
+        else:
+            results[arm] = run_trl(cfg, model_dir, out, args.threads)
         results[arm]["wall_s"] = round(time.monotonic() - t0, 1)
     import torch
 
@@ -321,7 +331,8 @@ def main() -> int:
         print(f"  {arm}: " + "  ".join(f"{s}/{t:.0f}s/{a:.2f}" for s, t, a in w["curve"]))
     if args.json:
         Path(args.json).write_text(json.dumps({"config": dump_config(cfg), "target": target,
-                                               "budget_s": budget, "speedup": ratio, "arms": rows}, indent=2))
+                                               "budget_s": budget, "speedup": ratio, "node_trusted": not args.untrusted,
+                                               "arms": rows}, indent=2))
     return 0
 
 

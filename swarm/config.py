@@ -78,6 +78,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     allowlist: list[str] = []  # hex node keys allowed to join; empty = open to anyone
+    # Hex keys of nodes the operator runs itself: no probation (their groups train at once), audited as
+    # any new key is (their first audit_new_node_groups groups, then audit_rate), banned as anyone on fraud.
+    trusted: list[str] = []
     strikes_to_ban: int = 3
     msg_rate: float = 50.0  # messages per second per node key
     msg_burst: int = 200

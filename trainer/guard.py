@@ -37,6 +37,7 @@ FRAUD = frozenset({
 @dataclass(frozen=True)
 class GuardConfig:
     allowlist: frozenset[str] = frozenset()  # empty: open to anyone
+    trusted: frozenset[str] = frozenset()  # the operator's own nodes: never on probation
     strikes_to_ban: int = 3
     msg_rate: float = 50.0  # messages per second per key, sustained
     msg_burst: int = 200
@@ -129,9 +130,12 @@ class Guard:
         self.bans[node_id] = reason
         _write_json(self.path, self.bans)
 
+    def is_established(self, node_id: str) -> bool:
+        return node_id in self.established or node_id in self.cfg.trusted
+
     def begin_probation(self, node_id: str) -> None:
         """A key seen for the first time starts on probation (a re-registration changes nothing)."""
-        if node_id not in self.established:
+        if not self.is_established(node_id):
             self.probation.setdefault(node_id, 0)
 
     def probation_verdict(self, node_id: str, probation_groups: int, has_partner: bool) -> str | None:

@@ -102,9 +102,10 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
     log.info("trainer key fingerprint %s (nodes pin it with --trainer-key %s)", key.fingerprint,
              run_dir / "trainer.pub")
     sec = cfg.security
-    guard = Guard(run_dir, GuardConfig(frozenset(sec.allowlist), sec.strikes_to_ban, sec.msg_rate, sec.msg_burst,
-                                       sec.max_held, sec.pair_z, sec.pair_min,
-                                       sec.pair_release_z))
+    guard = Guard(run_dir, GuardConfig(
+        allowlist=frozenset(k.lower() for k in sec.allowlist), trusted=frozenset(k.lower() for k in sec.trusted),
+        strikes_to_ban=sec.strikes_to_ban, msg_rate=sec.msg_rate, msg_burst=sec.msg_burst, max_held=sec.max_held, pair_z=sec.pair_z,
+        pair_min=sec.pair_min, release_z=sec.pair_release_z))
     auditor = None
     if sec.audit:
         auditor = Auditor(model, tok.pad_token_id, t.temperature, t.top_p,
@@ -134,7 +135,7 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
         # Accepted before the crash and not trained on in a kept step. Groups of keys that had not passed
         # probation go back to quarantine: they wait for that key's verdict (or go stale), as before.
         for g in ledger.pending():
-            (server.buffer if g.node_id in guard.established else server.quarantine).append(g)
+            (server.buffer if guard.is_established(g.node_id) else server.quarantine).append(g)
         stats.quarantined = len(server.quarantine)
         log.info("resume: %d accepted groups back in the buffer, %d in quarantine", len(server.buffer),
                  len(server.quarantine))

@@ -66,3 +66,14 @@ def test_a_middling_excess_keeps_probation_going(tmp_path):
         g.pairs.add(f"i{i}", "old", 0.5)
         g.pairs.add(f"i{i}", "new", 0.5 + (0.15 if i % 2 else -0.05))
     assert g.probation_verdict("new", 16, has_partner=True) == "cherry_picking"
+
+
+def test_trusted_keys_skip_probation_and_still_get_struck(tmp_path):
+    g = Guard(tmp_path, GuardConfig(trusted=frozenset({"mine"}), strikes_to_ban=2))
+    g.begin_probation("mine")
+    g.begin_probation("stranger")
+    assert "mine" not in g.probation and g.is_established("mine")
+    assert "stranger" in g.probation and not g.is_established("stranger")
+    assert not (tmp_path / "established.json").exists()  # trust comes from the config, not the run's record
+    assert not g.strike("mine", "logprob_mismatch") and g.strike("mine", "logprob_mismatch")
+    assert g.admit("mine") == "banned"  # trusted is not above the audit
