@@ -16,7 +16,8 @@ Each arm's RL clock starts when it can first generate: TRL when training begins 
 when its node has started vLLM with the weights and gets work (`first_work_s`). What came before is
 start-up, reported separately, and counted in the "from launch" column. Reported: RL time to reach the
 target held-out accuracy (default: start + 0.25), accuracy after a fixed budget (default: the shorter arm's
-run time), and the curves.
+run time), and the curves. `--seeds 0,1,2` races once per seed (data order and sampling) and reports
+medians: with a few prompts per step, which prompts come first decides much of a single run.
 
     python bench/vs_trl.py [--model tiny|smollm2] [--minutes 3] [--steps 60] [--json FILE]
 
@@ -41,9 +42,10 @@ from swarm.config import RunConfig, dump_config, load_config  # noqa: E402
 from swarm.demo import _stop, free_port  # noqa: E402
 
 
-def bench_config(args) -> RunConfig:
-    """The shared settings of both arms, as a swarm run config."""
-    sets = [f'run_dir="{args.out}/swarm"', f"train.max_steps={args.steps}", f"train.max_minutes={args.minutes}",
+def bench_config(args, seed: int) -> RunConfig:
+    """The shared settings of both arms for one seed (sampling, data order, init of anything random)."""
+    sets = [f'run_dir="{args.out}/seed-{seed}/swarm"', f"train.seed={seed}", f"task.seed={seed}",
+            f"train.max_steps={args.steps}", f"train.max_minutes={args.minutes}",
             f"train.group_size={args.group_size}", f"train.prompts_per_step={args.prompts_per_step}",
             f"train.lr={args.lr}", "train.eval_every=0", f"train.snapshot_every={args.eval_every}",
             "train.checkpoint_every=0", f"train.torch_threads={args.threads}", f"task.eval_size={args.eval_size}",
@@ -55,14 +57,14 @@ def bench_config(args) -> RunConfig:
     return load_config(args.config, sets + list(args.set or []))
 
 
-def base_model(cfg: RunConfig) -> Path:
-    """The starting model both arms share (the tiny default gets its SFT warm-up once, here)."""
+def base_model(cfg: RunConfig, out: Path) -> Path:
+    """The starting model both arms and every seed share (the tiny default gets its SFT warm-up once, here)."""
     import msgspec
 
     from trainer.model_prep import prepare_base_model
 
     if not cfg.model.path:  # cached (by recipe) outside the swarm arm's run dir, which is wiped per run
-        cfg = msgspec.structs.replace(cfg, run_dir=str(Path(cfg.run_dir).parent / "base"))
+        cfg = msgspec.structs.replace(cfg, run_dir=str(out / "base"))
     return prepare_base_model(cfg, progress=False).resolve()
 
 
@@ -240,6 +242,37 @@ def acc_at(curve: list, seconds: float) -> float:
     return [a for _, t, a in curve if t <= seconds + 1e-9][-1]
 
 
+def _fmt(x: float | None) -> str:
+    return "never" if x is None or x == float("inf") else f"{x:.0f}"
+
+
+def summarize(rows: dict[int, dict[str, dict]], seeds: list[int]) -> dict:
+    """Per arm over seeds: median time to target (unreached = never) and mean accuracy at the budget."""
+    import statistics
+
+    arms: dict[str, dict] = {}
+    for arm in next(iter(rows.values())):
+        runs = [rows[s][arm] for s in seeds]
+        inf = float("inf")
+        tts = [inf if r["time_to_target_s"] is None else r["time_to_target_s"] for r in runs]
+        ltts = [inf if r["launch_to_target_s"] is None else r["launch_to_target_s"] for r in runs]
+        arms[arm] = {"reached": sum(x < inf for x in tts), "median_tt": statistics.median(tts),
+                     "median_launch_tt": statistics.median(ltts),
+                     "mean_acc_at_budget": statistics.fmean(r["acc_at_budget"] for r in runs),
+                     "mean_final_acc": statistics.fmean(r["final_acc"] for r in runs),
+                     "mean_s_per_step": statistics.fmean(r["s_per_step"] for r in runs)}
+    out: dict = {"arms": {k: {kk: (None if vv == float("inf") else vv) for kk, vv in v.items()}
+                          for k, v in arms.items()}}
+    if "swarm" in arms and "trl" in arms:
+        a, b = arms["swarm"]["median_tt"], arms["trl"]["median_tt"]
+        if 0 < a < float("inf") and b < float("inf"):
+            out["speedup"] = b / a
+            out["speedup_from_launch"] = arms["trl"]["median_launch_tt"] / arms["swarm"]["median_launch_tt"]
+        elif a < float("inf"):
+            out["trl_never_reached"] = True
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
@@ -259,6 +292,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="torch threads of TRL and of the swarm's trainer (the node has its own engine thread)")
     p.add_argument("--arms", default="swarm,trl")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (train.seed and task.seed), each a race: "
+                   "with few prompts per step one run is mostly luck")
     p.add_argument("--untrusted", action="store_true",
                    help="the swarm's node is a stranger: probation (audited, quarantined groups) before it trains")
     p.add_argument("--out", default="runs/bench-vs-trl")
@@ -268,71 +303,82 @@ def main() -> int:
         args.prompts_per_step, args.lr = 4, 1e-5  # what configs/smollm2-arith.toml uses
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = bench_config(args)
-    model_dir = base_model(cfg)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    cfg = bench_config(args, seeds[0])
+    model_dir = base_model(cfg, out)
     t = cfg.train
     print(f"model {model_dir} | task {cfg.task.name} {cfg.task.params} | G={t.group_size} "
           f"prompts/step={t.prompts_per_step} lr={t.lr} max_tokens={t.max_tokens} | budget {t.max_steps} steps "
-          f"or {t.max_minutes:g} min per arm", flush=True)
-    results = {}
-    for arm in args.arms.split(","):
-        print(f"arm {arm}:", flush=True)
-        t0 = time.monotonic()
-        if arm == "swarm":
-            results[arm] = run_swarm(cfg, model_dir, out, trusted=not args.untrusted)
-        else:
-            results[arm] = run_trl(cfg, model_dir, out, args.threads)
-        results[arm]["wall_s"] = round(time.monotonic() - t0, 1)
+          f"or {t.max_minutes:g} min per arm | seeds {seeds}", flush=True)
+    results: dict[int, dict[str, dict]] = {}
+    for seed in seeds:
+        cfg_s = bench_config(args, seed)
+        results[seed] = {}
+        for arm in args.arms.split(","):
+            print(f"seed {seed}, arm {arm}:", flush=True)
+            t0 = time.monotonic()
+            if arm == "swarm":
+                r = run_swarm(cfg_s, model_dir, out / f"seed-{seed}", trusted=not args.untrusted)
+            else:
+                r = run_trl(cfg_s, model_dir, out / f"seed-{seed}", args.threads)
+            r["wall_s"] = round(time.monotonic() - t0, 1)
+            results[seed][arm] = r
     import torch
 
     torch.set_num_threads(args.threads)
     print("scoring the kept policies:", flush=True)
-    for arm, r in results.items():
-        r["curve"] = score_snapshots(cfg, r["snapshots"], arm)
-    start = results[next(iter(results))]["curve"][0][2]
+    for seed, arms in results.items():
+        for arm, r in arms.items():
+            r["curve"] = score_snapshots(cfg, r["snapshots"], f"seed {seed} {arm}")
+    start = results[seeds[0]][next(iter(results[seeds[0]]))]["curve"][0][2]
     target = args.target if args.target is not None else min(1.0, start + args.target_gain)
-    budget = args.budget or min(r["rl_seconds"] for r in results.values())
+    budget = args.budget or min(r["rl_seconds"] for arms in results.values() for r in arms.values())
     print(f"\nstart accuracy {start:.3f}; target {target:.3f}; fixed budget {budget:.0f} s of RL time\n")
-    head = (f"{'arm':<6} {'start-up s':>10} {'steps':>6} {'RL s':>7} {'s/step':>7} {'time to target s':>17} "
-            f"{'from launch s':>14} {'acc @ budget':>13} {'final acc':>10} {'best acc':>9} {'sampled acc first->last 5 steps':>32}")
+    head = (f"{'seed':>4} {'arm':<6} {'start-up s':>10} {'steps':>6} {'RL s':>7} {'s/step':>7} {'time to target s':>17} "
+            f"{'from launch s':>14} {'acc @ budget':>13} {'final acc':>10} {'best acc':>9} "
+            f"{'sampled acc first->last 5 steps':>32}")
     print(head)
-    rows = {}
-    for arm, r in results.items():
-        c, sc = r["curve"], r["sampled_correct"]
-        k = max(1, len(sc) // max(r["steps"], 1) * 5)  # ~5 steps' worth of samples
-        first = sum(sc[:k]) / max(len(sc[:k]), 1)
-        last = sum(sc[-k:]) / max(len(sc[-k:]), 1)
-        tt = time_to(c, target)
-        launch_tt = None if tt is None else tt + (r["startup_s"] or 0.0)
-        rows[arm] = {"startup_s": r["startup_s"], "steps": r["steps"], "rl_seconds": r["rl_seconds"],
-                     "s_per_step": r["rl_seconds"] / max(r["steps"], 1), "time_to_target_s": tt,
-                     "launch_to_target_s": launch_tt,
-                     "acc_at_budget": acc_at(c, budget), "final_acc": c[-1][2], "best_acc": max(a for *_, a in c),
-                     "sampled_first": first, "sampled_last": last, "curve": c, "wall_s": r["wall_s"]}
-        w = rows[arm]
-        print(f"{arm:<6} {w['startup_s'] or 0:>10.0f} {w['steps']:>6} {w['rl_seconds']:>7.0f} {w['s_per_step']:>7.2f} "
-              f"{'not reached' if tt is None else f'{tt:.0f}':>17} "
-              f"{'-' if launch_tt is None else f'{launch_tt:.0f}':>14} {w['acc_at_budget']:>13.3f} {w['final_acc']:>10.3f} "
-              f"{w['best_acc']:>9.3f} {f'{first:.3f} -> {last:.3f}':>32}")
-    ratio = None
-    if "swarm" in rows and "trl" in rows:
-        a, b = rows["swarm"]["time_to_target_s"], rows["trl"]["time_to_target_s"]
-        if a is not None and b is not None:
-            ratio = b / a if a > 0 else float("inf")
-            print(f"\nswarm reaches {target:.3f} {ratio:.2f}x sooner than TRL (RL time {a:.0f} s vs {b:.0f} s)")
-            la, lb = rows["swarm"]["launch_to_target_s"], rows["trl"]["launch_to_target_s"]
-            print(f"counting start-up: {lb / la:.2f}x ({la:.0f} s vs {lb:.0f} s from launch)")
-        elif a is not None:
-            print(f"\nswarm reaches {target:.3f} in {a:.0f} s; TRL does not within {rows['trl']['rl_seconds']:.0f} s")
-        else:
-            print("\nthe swarm did not reach the target" + ("" if b is None else f"; TRL did in {b:.0f} s"))
+    rows: dict[int, dict[str, dict]] = {}
+    for seed, arms in results.items():
+        rows[seed] = {}
+        for arm, r in arms.items():
+            c, sc = r["curve"], r["sampled_correct"]
+            k = max(1, len(sc) // max(r["steps"], 1) * 5)  # ~5 steps' worth of samples
+            first = sum(sc[:k]) / max(len(sc[:k]), 1)
+            last = sum(sc[-k:]) / max(len(sc[-k:]), 1)
+            tt = time_to(c, target)
+            launch_tt = None if tt is None else tt + (r["startup_s"] or 0.0)
+            w = rows[seed][arm] = {
+                "startup_s": r["startup_s"], "steps": r["steps"], "rl_seconds": r["rl_seconds"],
+                "s_per_step": r["rl_seconds"] / max(r["steps"], 1), "time_to_target_s": tt,
+                "launch_to_target_s": launch_tt, "acc_at_budget": acc_at(c, budget), "final_acc": c[-1][2],
+                "best_acc": max(a for *_, a in c), "sampled_first": first, "sampled_last": last, "curve": c,
+                "wall_s": r["wall_s"]}
+            print(f"{seed:>4} {arm:<6} {w['startup_s'] or 0:>10.0f} {w['steps']:>6} {w['rl_seconds']:>7.0f} "
+                  f"{w['s_per_step']:>7.2f} {'not reached' if tt is None else f'{tt:.0f}':>17} "
+                  f"{'-' if launch_tt is None else f'{launch_tt:.0f}':>14} {w['acc_at_budget']:>13.3f} "
+                  f"{w['final_acc']:>10.3f} {w['best_acc']:>9.3f} {f'{first:.3f} -> {last:.3f}':>32}")
+    summary = summarize(rows, seeds)
+    print(f"\nover {len(seeds)} seed(s): median time to {target:.3f} (a run that never reached it counts as "
+          f"never), mean accuracy at {budget:.0f} s")
+    for arm, a in summary["arms"].items():
+        print(f"  {arm:<6} reached {a['reached']}/{len(seeds)}  median RL s to target {_fmt(a['median_tt'])}  "
+              f"from launch {_fmt(a['median_launch_tt'])}  acc @ budget {a['mean_acc_at_budget']:.3f}  "
+              f"s/step {a['mean_s_per_step']:.2f}")
+    ratio = summary.get("speedup")
+    if ratio is not None:
+        print(f"\nswarm reaches {target:.3f} {ratio:.2f}x sooner than TRL (median RL time; "
+              f"{summary['speedup_from_launch']:.2f}x counting start-up)")
+    elif summary.get("trl_never_reached"):
+        print(f"\nswarm reaches {target:.3f}; TRL's median run does not within its budget")
     print("\ncurves (step, RL seconds, held-out greedy accuracy)")
-    for arm, w in rows.items():
-        print(f"  {arm}: " + "  ".join(f"{s}/{t:.0f}s/{a:.2f}" for s, t, a in w["curve"]))
+    for seed, arms in rows.items():
+        for arm, w in arms.items():
+            print(f"  seed {seed} {arm}: " + "  ".join(f"{s}/{t:.0f}s/{a:.2f}" for s, t, a in w["curve"]))
     if args.json:
-        Path(args.json).write_text(json.dumps({"config": dump_config(cfg), "target": target,
-                                               "budget_s": budget, "speedup": ratio, "node_trusted": not args.untrusted,
-                                               "arms": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({
+            "config": dump_config(cfg), "seeds": seeds, "target": target, "budget_s": budget,
+            "node_trusted": not args.untrusted, **summary, "runs": {str(k): v for k, v in rows.items()}}, indent=2))
     return 0
 
 
