@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -78,8 +79,6 @@ def run_swarm(cfg: RunConfig, model_dir: Path, out: Path, trusted: bool = True) 
     cfg.server.port, cfg.server.http_port, cfg.server.tracker_port = free_port(), free_port(), free_port()
     run_dir = Path(cfg.run_dir)
     if run_dir.exists():
-        import shutil
-
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     if trusted:  # the node is the operator's own, as TRL's generation is: no probation before it may train
@@ -298,6 +297,8 @@ def main() -> int:
                    help="the swarm's node is a stranger: probation (audited, quarantined groups) before it trains")
     p.add_argument("--out", default="runs/bench-vs-trl")
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--keep-files", action="store_true",
+                   help="keep every arm's weights (versions, snapshots, checkpoints) after scoring them")
     args = p.parse_args()
     if args.model == "smollm2" and args.group_size == 8 and args.prompts_per_step == 16:
         args.prompts_per_step, args.lr = 4, 1e-5  # what configs/smollm2-arith.toml uses
@@ -323,13 +324,15 @@ def main() -> int:
                 r = run_trl(cfg_s, model_dir, out / f"seed-{seed}", args.threads)
             r["wall_s"] = round(time.monotonic() - t0, 1)
             results[seed][arm] = r
-    import torch
+        import torch
 
-    torch.set_num_threads(args.threads)
-    print("scoring the kept policies:", flush=True)
-    for seed, arms in results.items():
-        for arm, r in arms.items():
+        torch.set_num_threads(args.threads)
+        print(f"seed {seed}: scoring the kept policies (off both clocks):", flush=True)
+        for arm, r in results[seed].items():
             r["curve"] = score_snapshots(cfg, r["snapshots"], f"seed {seed} {arm}")
+        if not args.keep_files:  # SmolLM2: ~0.5 GB a copy, ~13 GB a seed
+            for bulky in ("swarm/versions", "swarm/snapshots", "swarm/node", "swarm/checkpoints", "trl"):
+                shutil.rmtree(out / f"seed-{seed}" / bulky, ignore_errors=True)
     start = results[seeds[0]][next(iter(results[seeds[0]]))]["curve"][0][2]
     target = args.target if args.target is not None else min(1.0, start + args.target_gain)
     budget = args.budget or min(r["rl_seconds"] for arms in results.values() for r in arms.values())

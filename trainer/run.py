@@ -104,8 +104,8 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
     sec = cfg.security
     guard = Guard(run_dir, GuardConfig(
         allowlist=frozenset(k.lower() for k in sec.allowlist), trusted=frozenset(k.lower() for k in sec.trusted),
-        strikes_to_ban=sec.strikes_to_ban, msg_rate=sec.msg_rate, msg_burst=sec.msg_burst, max_held=sec.max_held, pair_z=sec.pair_z,
-        pair_min=sec.pair_min, release_z=sec.pair_release_z))
+        strikes_to_ban=sec.strikes_to_ban, msg_rate=sec.msg_rate, msg_burst=sec.msg_burst,
+        max_held=sec.max_held, pair_z=sec.pair_z, pair_min=sec.pair_min, release_z=sec.pair_release_z))
     auditor = None
     if sec.audit:
         auditor = Auditor(model, tok.pad_token_id, t.temperature, t.top_p,
