@@ -95,8 +95,8 @@ class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     duplicate_share: float = 0.05  # prompts also given to a second node, for the cherry-picking test
     pair_z: float = 4.0
     pair_min: int = 12
-    # Probation ends in release only once the excess is small (z at most this): between it and pair_z the
-    # node stays on probation and more shared prompts decide.
+    # Probation ends in release only once the excess is small (z at most this at pair_min shared prompts,
+    # times sqrt(n / pair_min) at n): between it and pair_z the node stays on probation and more decide.
     pair_release_z: float = 1.0
     # A new key's groups wait in quarantine, its prompts all shared with another node, until pair_min shared
     # prompts clear it of cherry-picking (or, when it is alone, until it delivered this many audited groups).

@@ -10,7 +10,8 @@
   M shared prompts a one-sided paired z-test compares each node's mean reward with its partners'. An
   honest node's differences average zero; a cherry-picker's are positive.
 - Probation: a new key's groups wait in a quarantine, every one of its prompts also goes to another node,
-  and only once at least `pair_min` shared prompts show a small reward excess (z <= `release_z`) is it
+  and only once at least `pair_min` shared prompts show a small reward excess (z <= `release_z` at
+  `pair_min` prompts, a bar that rises as sqrt(n / pair_min) after) is it
   established and its groups released to the learner; z > `pair_z` catches it, and in between more shared
   prompts decide (a sequential test: releasing on "not yet significant" let a best-of-4 node through).
   So a cherry-picker is caught before any of its work is trained on.
@@ -144,7 +145,10 @@ class Guard:
         if n >= self.cfg.pair_min:
             if z > self.cfg.pair_z:
                 return "cherry_picking"
-            if z <= self.cfg.release_z:
+            # The bar rises as sqrt(n / pair_min): what it bounds is the reward excess per shared prompt
+            # in standard deviations (z / sqrt(n)), so an honest node (z ~ N(0, 1) at every n) is soon
+            # released, while a cherry-picker's z grows as sqrt(n) times its excess and meets pair_z first.
+            if z <= self.cfg.release_z * math.sqrt(n / self.cfg.pair_min):
                 return "released"
             return None  # not clean enough to release, not enough to convict: more shared prompts
         if not has_partner and self.probation.get(node_id, 0) >= probation_groups:

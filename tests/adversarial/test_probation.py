@@ -77,3 +77,32 @@ def test_trusted_keys_skip_probation_and_still_get_struck(tmp_path):
     assert not (tmp_path / "established.json").exists()  # trust comes from the config, not the run's record
     assert not g.strike("mine", "logprob_mismatch") and g.strike("mine", "logprob_mismatch")
     assert g.admit("mine") == "banned"  # trusted is not above the audit
+
+
+def test_release_bar_rises_with_evidence(tmp_path):
+    """An honest node that drew z 1.3 at pair_min is released once more prompts raise the bar past it;
+    a steady excess of 0.5 sd per prompt is caught, never released, as prompts accumulate."""
+    g = _guard(tmp_path)
+    for i in range(12):
+        g.pairs.add(f"i{i}", "old", 0.0)
+        g.pairs.add(f"i{i}", "new", 0.3 if i % 3 else -0.1)
+    n, z = g.pairs.z("new")
+    assert n == 12 and 1.0 < z < 4.0
+    assert g.probation_verdict("new", 16, has_partner=True) is None  # not clean enough yet
+    for i in range(12, 60):
+        g.pairs.add(f"i{i}", "old", 0.0)
+        g.pairs.add(f"i{i}", "new", 0.3 if i % 2 else -0.3)
+    assert g.probation_verdict("new", 16, has_partner=True) == "released"
+
+    h = Guard(tmp_path / "h", GuardConfig(pair_z=4.0, pair_min=12))
+    h.begin_probation("cheat")
+    rng = random.Random(3)
+    verdicts = []
+    for i in range(200):
+        h.pairs.add(f"i{i}", "old", 0.0)
+        h.pairs.add(f"i{i}", "cheat", rng.gauss(0.5, 1.0))
+        v = h.probation_verdict("cheat", 16, has_partner=True)
+        verdicts.append(v)
+        if v:
+            break
+    assert "released" not in verdicts and verdicts[-1] == "cherry_picking"
