@@ -242,7 +242,7 @@ def acc_at(curve: list, seconds: float) -> float:
 
 
 def _fmt(x: float | None) -> str:
-    return "never" if x is None or x == float("inf") else f"{x:.0f}"
+    return "never" if x is None else f"{x:.0f}"
 
 
 def summarize(rows: dict[int, dict[str, dict]], seeds: list[int]) -> dict:
@@ -311,6 +311,9 @@ def main() -> int:
     print(f"model {model_dir} | task {cfg.task.name} {cfg.task.params} | G={t.group_size} "
           f"prompts/step={t.prompts_per_step} lr={t.lr} max_tokens={t.max_tokens} | budget {t.max_steps} steps "
           f"or {t.max_minutes:g} min per arm | seeds {seeds}", flush=True)
+    import torch
+
+    torch.set_num_threads(args.threads)  # TRL's arm and the scoring of every kept policy run here
     results: dict[int, dict[str, dict]] = {}
     for seed in seeds:
         cfg_s = bench_config(args, seed)
@@ -324,9 +327,6 @@ def main() -> int:
                 r = run_trl(cfg_s, model_dir, out / f"seed-{seed}", args.threads)
             r["wall_s"] = round(time.monotonic() - t0, 1)
             results[seed][arm] = r
-        import torch
-
-        torch.set_num_threads(args.threads)
         print(f"seed {seed}: scoring the kept policies (off both clocks):", flush=True)
         for arm, r in results[seed].items():
             r["curve"] = score_snapshots(cfg, r["snapshots"], f"seed {seed} {arm}")
