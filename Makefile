@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 EXTRA   ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP   := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: install browser demo test bench lint clean
+.PHONY: install browser demo test bench vs-trl lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,6 +34,11 @@ browser:
 
 bench: $(STAMP)
 	$(PY) bench/node.py
+
+# The race against TRL's GRPOTrainer; TRL is the `bench` extra, a benchmark-only dependency.
+vs-trl: $(STAMP)
+	$(PY) -c 'import trl' 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/vs_trl.py $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
