@@ -218,7 +218,9 @@ class Node:
             if self.latest is None or reply.weights.version > self.latest.version:
                 self.latest = reply.weights
             if not reply.assignments:
-                await asyncio.sleep(reply.retry_after_s or 0.2)
+                # The trainer holds a request until there is room (a long poll), then says to ask again
+                # at once (0); a bare 0 from a trainer that does not hold requests would spin, hence the floor.
+                await asyncio.sleep(min(max(reply.retry_after_s, 0.01), 5.0))
                 continue
             if self.loaded < reply.min_version:
                 continue  # load the newer version first (top of the loop)

@@ -40,9 +40,6 @@ class Publisher:
         self.base = Path(base_model_dir)
         self.keep = keep
         self.max_shard_bytes = max_shard_bytes
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # a version every step: a shard-writing bar each time drowns the log
 
     def path(self, version: int) -> Path:
         return self.root / version_name(version)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 import torch
+from transformers.utils import logging as hf_logging
 
 from broadcast.origin import Origin
 from rewards.registry import make_task
@@ -61,6 +62,8 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
     t = cfg.train
     torch.set_num_threads(t.torch_threads)
     torch.manual_seed(t.seed)
+    # A version is saved every step: HF's shard-writing progress bar each time would drown the trainer's log.
+    hf_logging.disable_progress_bar()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_config(cfg))

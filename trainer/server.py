@@ -39,6 +39,10 @@ from trainer.stats import RunStats
 
 log = logging.getLogger("swarm.trainer")
 
+# A work request that finds no room waits here this long at most (a long poll) and is answered as soon as
+# room opens: a node polling on a timer would idle up to a period each step, which on a fast step is most of it.
+PARK_S = 2.0
+
 
 class TrainerServer:
     def __init__(self, cfg: RunConfig, task: Task, tokenizer, vocab_size: int, stats: RunStats,
@@ -62,6 +66,8 @@ class TrainerServer:
         self.buffer: list[Group] = []  # accepted, not yet trained on
         self.quarantine: list[Group] = []  # accepted from nodes on probation, not yet released to the buffer
         self.buffer_changed = asyncio.Event()
+        self.work_changed = asyncio.Event()  # pulsed when room for work may have opened
+        self.parked: dict[str, asyncio.Task] = {}  # node id -> its work request waiting for room
         self.version = 0
         self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
         self.items_drawn = 0
@@ -87,12 +93,14 @@ class TrainerServer:
             self.buffer = fresh
             if len(self.buffer) >= n:
                 batch, self.buffer = self.buffer[:n], self.buffer[n:]
+                self._pulse()
                 return batch
             self.buffer_changed.clear()
             await self.buffer_changed.wait()
 
     async def announce(self, version: int) -> None:
         self.version = version
+        self._pulse()
         notice = P.encode(P.VersionNotice(weights=self.weights_info()))
         for node_id, ident in self.idents.items():
             if node_id not in self.guard.bans:
@@ -114,7 +122,7 @@ class TrainerServer:
         self._reaper = asyncio.create_task(self._expire_loop())
 
     async def stop(self) -> None:
-        for t in (self._task, self._reaper):
+        for t in (self._task, self._reaper, *self.parked.values()):
             t.cancel()
         self.sock.close(0)
         self.ctx.term()
@@ -154,8 +162,38 @@ class TrainerServer:
             return None
         if isinstance(msg, P.WorkRequest):
             node.version_loaded = msg.version_loaded
-            return self._assign(msg)
+            reply = self._assign(msg)
+            if reply.assignments or msg.version_loaded < reply.min_version or msg.node_id in self.parked:
+                return reply  # work, or a newer version to load first: answer now
+            self.parked[msg.node_id] = asyncio.create_task(self._park(ident, msg))
+            return None
         return await self._intake(msg)
+
+    def _pulse(self) -> None:
+        """Wake parked work requests: the buffer, the held work or the version changed."""
+        self.work_changed.set()
+        self.work_changed.clear()
+
+    async def _park(self, ident: bytes, req: P.WorkRequest) -> None:
+        """Answer `req` once there is room for it, a new version is out, or PARK_S has passed."""
+        version, deadline = self.version, time.monotonic() + PARK_S
+        try:
+            while (left := deadline - time.monotonic()) > 0 and self.version == version:
+                try:
+                    await asyncio.wait_for(self.work_changed.wait(), left)
+                except TimeoutError:
+                    break
+                if self._room(req.node_id) > 0:
+                    break
+            refusal = self.guard.admit(req.node_id)
+            reply = P.Error(code=refusal, message="this key may not take part") if refusal else self._assign(req)
+            if not refusal and not reply.assignments:
+                reply.retry_after_s = 0.0  # it waited here already: ask again at once
+            await self.sock.send_multipart([ident, P.encode(reply)])
+        except zmq.ZMQError as e:
+            log.debug("could not answer a parked work request: %s", e)
+        finally:
+            self.parked.pop(req.node_id, None)
 
     def _register(self, ident: bytes, msg: P.Register) -> P.Message:
         if msg.protocol != P.PROTOCOL_VERSION:
@@ -195,16 +233,20 @@ class TrainerServer:
                 self.dups.popleft()
         return item
 
+    def _room(self, node_id: str) -> int:
+        """How many more groups `node_id` may be assigned now."""
+        room = self.cfg.train.inflight_groups - len(self.held) - len(self.buffer)
+        mine = sum(1 for h in self.held.values() if h.node_id == node_id)
+        room = min(room, self.guard.cfg.max_held - mine)
+        if node_id in self.guard.probation:
+            # On probation a node has at most probation_groups out or waiting in quarantine at once.
+            waiting = sum(1 for g in self.quarantine if g.node_id == node_id)
+            room = min(room, self.cfg.security.probation_groups - mine - waiting)
+        return room
+
     def _assign(self, req: P.WorkRequest) -> P.WorkAssignment:
         min_version = max(0, self.version - self.cfg.train.max_lag)
-        room = self.cfg.train.inflight_groups - len(self.held) - len(self.buffer)
-        mine = sum(1 for h in self.held.values() if h.node_id == req.node_id)
-        room = min(room, self.guard.cfg.max_held - mine)
-        if req.node_id in self.guard.probation:
-            # On probation a node has at most probation_groups out or waiting in quarantine at once.
-            waiting = sum(1 for g in self.quarantine if g.node_id == req.node_id)
-            room = min(room, self.cfg.security.probation_groups - mine - waiting)
-        n = min(req.max_prompts, room) if req.version_loaded >= min_version else 0
+        n = min(req.max_prompts, self._room(req.node_id)) if req.version_loaded >= min_version else 0
         out = []
         deadline = time.monotonic() + self.cfg.server.assignment_timeout_s
         if n > 0 and self.stats.first_work_at is None:
@@ -301,6 +343,7 @@ class TrainerServer:
         if refused:
             log.warning("node %s: refused %d of %d rollouts (%s)", node.name, len(refused), len(sub.rollouts),
                         ", ".join(sorted(set(refused.values()))))
+        self._pulse()  # refused work leaves room behind it, and probation may have released a node
         return P.SubmissionResult(accepted=accepted, refused=refused)
 
     # ---- probation ---------------------------------------------------------------------------------
@@ -386,3 +429,4 @@ class TrainerServer:
             if late:
                 log.info("re-queued %d expired assignments (or held by gone nodes)", len(late))
             self._review_probation()
+            self._pulse()

@@ -1,0 +1,125 @@
+"""The trainer's work hand-out over a real zmq socket: a request that finds no room is held (a long poll)
+and answered as soon as room opens or a version is out, not on the node's next timer tick."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from rewards.registry import make_task
+from swarm import protocol as P
+from swarm.config import RunConfig
+from swarm.default_model import build_tokenizer
+from swarm.keys import KeyPair
+from tests.conftest import free_port
+from trainer import server as server_mod
+from trainer.guard import Guard, GuardConfig
+from trainer.server import TrainerServer
+from trainer.stats import RunStats
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Client:
+    def __init__(self, port: int, kp: KeyPair):
+        self.kp = kp
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(f"tcp://127.0.0.1:{port}")
+
+    async def send(self, msg: P.Message) -> None:
+        await self.sock.send_multipart(P.sign(msg, self.kp))
+
+    async def recv(self, timeout: float = 5.0, skip=(P.VersionNotice,)) -> P.Message | None:
+        """The next reply that is not a notice; None if none came within `timeout`."""
+        end = time.monotonic() + timeout
+        while (left := end - time.monotonic()) > 0:
+            try:
+                msg = P.decode(await asyncio.wait_for(self.sock.recv(), left))
+            except TimeoutError:
+                return None
+            if not isinstance(msg, skip):
+                return msg
+        return None
+
+    async def ask(self, n: int, version: int = 0) -> None:
+        await self.send(P.WorkRequest(node_id=self.kp.public_hex, version_loaded=version, max_prompts=n))
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+async def _serve(tmp_path, client_key: str) -> TrainerServer:
+    cfg = msgspec.convert({"train": {"inflight_groups": 2, "group_size": 2, "max_tokens": 4, "max_lag": 1},
+                           "server": {"port": free_port()}}, RunConfig)
+    task = make_task("arithmetic")
+    tok = build_tokenizer()
+    guard = Guard(tmp_path, GuardConfig(trusted=frozenset({client_key})))
+    srv = TrainerServer(cfg, task, tok, len(tok), RunStats(str(tmp_path), 10), lambda v: f"http://x/v/{v}",
+                        task.train_items(seed=0), tracker_url="http://x", trainer_key="00" * 32, guard=guard,
+                        auditor=None)
+    await srv.start()
+    return srv
+
+
+def test_parked_request_is_answered_when_room_opens(tmp_path, monkeypatch):
+    monkeypatch.setattr(server_mod, "PARK_S", 1.5)
+
+    async def go():
+        kp = KeyPair.generate()
+        srv = await _serve(tmp_path, kp.public_hex)  # a trusted key: no probation, no shared prompts
+        c = Client(srv.cfg.server.port, kp)
+        try:
+            await c.send(P.Register(node_id=c.kp.public_hex, name="n", time_ms=int(time.time() * 1000)))
+            assert isinstance(await c.recv(), P.Registered)
+
+            await c.ask(4)
+            work = await c.recv()
+            assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 2  # inflight_groups
+
+            # No room: the request is held, not answered with "ask again later".
+            t0 = time.monotonic()
+            await c.ask(4)
+            assert await c.recv(timeout=0.5) is None
+
+            # The work comes back and the learner takes it: room opens and the held request gets work.
+            eos = srv.tok.eos_token_id
+            rollouts = [P.Rollout(a.assignment_id, [P.Sample([5, eos], [-1.0, -0.5], "stop")] * 2)
+                        for a in work.assignments]
+            await c.send(P.RolloutSubmission(node_id=c.kp.public_hex, version=0, rollouts=rollouts,
+                                             gen_seconds=0.1))
+            result = await c.recv()
+            assert isinstance(result, P.SubmissionResult) and len(result.accepted) == 2, result
+            assert len(await srv.take_batch(2)) == 2
+            t_room = time.monotonic()
+            again = await c.recv(timeout=1.0)
+            assert isinstance(again, P.WorkAssignment) and len(again.assignments) == 2, again
+            assert time.monotonic() - t_room < 0.5
+
+            # Held again; a new version wakes it (the node should load it), with nothing to do yet.
+            await c.ask(4)
+            assert await c.recv(timeout=0.3) is None
+            await srv.announce(1)
+            woke = await c.recv(timeout=1.0)
+            assert isinstance(woke, P.WorkAssignment) and not woke.assignments
+            assert woke.weights.version == 1 and woke.retry_after_s == 0.0
+
+            # Nothing changes: the request is answered, empty, when the long poll runs out.
+            t1 = time.monotonic()
+            await c.ask(4, version=1)
+            late = await c.recv(timeout=3.0)
+            assert isinstance(late, P.WorkAssignment) and not late.assignments
+            assert 1.3 < time.monotonic() - t1 < 2.5
+            assert time.monotonic() - t0 > 1.5
+        finally:
+            c.close()
+            await srv.stop()
+
+    asyncio.run(go())
