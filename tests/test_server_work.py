@@ -56,8 +56,9 @@ class Client:
         self.ctx.term()
 
 
-async def _serve(tmp_path, client_key: str) -> TrainerServer:
-    cfg = msgspec.convert({"train": {"inflight_groups": 2, "group_size": 2, "max_tokens": 4, "max_lag": 1},
+async def _serve(tmp_path, client_key: str, **train) -> TrainerServer:
+    train = {"inflight_groups": 2, "group_size": 2, "max_tokens": 4, "max_lag": 1, **train}
+    cfg = msgspec.convert({"train": train,
                            "server": {"port": free_port()}}, RunConfig)
     task = make_task("arithmetic")
     tok = build_tokenizer()
@@ -118,6 +119,38 @@ def test_parked_request_is_answered_when_room_opens(tmp_path, monkeypatch):
             assert isinstance(late, P.WorkAssignment) and not late.assignments
             assert 1.3 < time.monotonic() - t1 < 2.5
             assert time.monotonic() - t0 > 1.5
+        finally:
+            c.close()
+            await srv.stop()
+
+    asyncio.run(go())
+
+
+def test_work_lag_zero_waits_for_the_newest_version(tmp_path, monkeypatch):
+    """work_lag 0: once the learner has made a version, new work goes only to a node that has loaded it; a
+    request that comes before it is out is held until the announcement, then told which version to load."""
+    monkeypatch.setattr(server_mod, "PARK_S", 3.0)
+
+    async def go():
+        kp = KeyPair.generate()
+        srv = await _serve(tmp_path, kp.public_hex, work_lag=0)
+        c = Client(srv.cfg.server.port, kp)
+        try:
+            await c.send(P.Register(node_id=c.kp.public_hex, name="n", time_ms=int(time.time() * 1000)))
+            assert isinstance(await c.recv(), P.Registered)
+            srv.newest = 1  # the learner made version 1; it is still being published
+            await c.ask(2, version=0)
+            assert await c.recv(timeout=0.5) is None  # held: there is room, but not the policy to use
+            await srv.announce(1)
+            woke = await c.recv(timeout=1.0)
+            assert isinstance(woke, P.WorkAssignment) and not woke.assignments
+            assert woke.min_version == 1 and woke.weights.version == 1
+            await c.ask(2, version=0)  # a node that asks without loading it gets no work either
+            stale = await c.recv(timeout=1.0)
+            assert isinstance(stale, P.WorkAssignment) and not stale.assignments and stale.min_version == 1
+            await c.ask(2, version=1)
+            work = await c.recv(timeout=1.0)
+            assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 2
         finally:
             c.close()
             await srv.stop()

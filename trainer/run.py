@@ -128,7 +128,7 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
     server = TrainerServer(cfg, task, tok, model.config.vocab_size, stats,
                            lambda v: f"{origin.url}/v/{v}/manifest", items,
                            tracker_url=origin.url, trainer_key=key.public_hex, guard=guard, auditor=auditor)
-    server.version = version
+    server.version = server.newest = version
     server.on_accept = ledger.accepted
     server.on_drop = lambda groups, reason: ledger.dropped(groups, reason, stats.step)
     if state is not None:
@@ -210,6 +210,7 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
             st = await asyncio.to_thread(learner.step, groups)
             stats.step += 1
             version += 1
+            server.newest = version  # with work_lag 0, new work waits for this version to be out
             weights = await asyncio.to_thread(frozen_state, model)
             if auditor is not None:  # before the announcement: a node may answer with it at once
                 await asyncio.to_thread(auditor.remember, version, weights, version - t.max_lag)

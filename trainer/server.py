@@ -68,7 +68,8 @@ class TrainerServer:
         self.buffer_changed = asyncio.Event()
         self.work_changed = asyncio.Event()  # pulsed when room for work may have opened
         self.parked: dict[str, asyncio.Task] = {}  # node id -> its work request waiting for room
-        self.version = 0
+        self.version = 0  # the newest version announced to nodes
+        self.newest = 0  # the newest version the learner has made (announced, or being published)
         self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
         self.items_drawn = 0
         self.gone_after_s = cfg.server.gone_after_s or 10 * cfg.server.heartbeat_s
@@ -183,7 +184,7 @@ class TrainerServer:
                     await asyncio.wait_for(self.work_changed.wait(), left)
                 except TimeoutError:
                     break
-                if self._room(req.node_id) > 0:
+                if self._room(req.node_id) > 0 and self._work_floor() <= self.version:
                     break
             refusal = self.guard.admit(req.node_id)
             reply = P.Error(code=refusal, message="this key may not take part") if refusal else self._assign(req)
@@ -244,9 +245,16 @@ class TrainerServer:
             room = min(room, self.cfg.security.probation_groups - mine - waiting)
         return room
 
+    def _work_floor(self) -> int:
+        """The oldest policy new work may be generated with: within max_lag of the announced version and
+        within work_lag of the newest the learner has made. Above self.version, work waits for an announcement."""
+        t = self.cfg.train
+        return max(0, self.version - t.max_lag, self.newest - t.work_lag)
+
     def _assign(self, req: P.WorkRequest) -> P.WorkAssignment:
-        min_version = max(0, self.version - self.cfg.train.max_lag)
-        n = min(req.max_prompts, self._room(req.node_id)) if req.version_loaded >= min_version else 0
+        floor = self._work_floor()
+        min_version = min(floor, self.version)  # what the node must load before it asks again
+        n = min(req.max_prompts, self._room(req.node_id)) if req.version_loaded >= floor else 0
         out = []
         deadline = time.monotonic() + self.cfg.server.assignment_timeout_s
         if n > 0 and self.stats.first_work_at is None:
