@@ -53,7 +53,8 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Freshness of new work: it goes only to nodes at most this many versions behind the newest policy the
     # learner has made (which may still be on its way to them). 1: generation overlaps the learner's step,
     # rollouts are trained ~2 versions stale. 0: nodes wait for the version just made, rollouts are ~1 stale
-    # and teach more per step (measured: bench/vs_trl.py), at the price of node time spent waiting.
+    # and teach more per step (measured on SmolLM2: configs/smollm2-arith.toml), at the price of node time
+    # spent waiting.
     work_lag: int = 1
     max_tokens: int = 6
     temperature: float = 1.0
