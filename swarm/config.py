@@ -8,7 +8,7 @@ result against the structs below: unknown keys and wrong types are errors, not s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import tomllib
@@ -21,6 +21,10 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     sft_batch: int = 64
     seed: int = 0
     max_shard_bytes: int = 2 * 2**20  # shard size of published versions (HF layout with an index)
+    # Published versions carry bf16 weights: half the bytes every node fetches and the relays carry. The
+    # trainer keeps fp32 master weights; nodes sample from the rounded policy, and the importance ratio
+    # and the audit (which recomputes with the published weights) see exactly what they ran.
+    publish_dtype: Literal["bfloat16", "float32"] = "bfloat16"
 
 
 class TaskConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -56,6 +60,10 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # and teach more per step (measured on SmolLM2: configs/smollm2-arith.toml), at the price of node time
     # spent waiting.
     work_lag: int = 1
+    # Dynamic sampling (DAPO): accepted groups whose samples all scored the same (all right, or all wrong)
+    # have zero advantage; they are dropped on arrival (the ledger says so) rather than diluting a batch,
+    # and nodes generate more in their place. Off: such groups take batch slots and are skipped in the step.
+    dynamic_sampling: bool = True
     max_tokens: int = 6
     temperature: float = 1.0
     top_p: float = 1.0

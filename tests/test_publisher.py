@@ -47,3 +47,37 @@ def test_snapshots_outlive_retention(model_dir, tmp_path):
     again = load_model(snap)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(),
                                                    strict=True))
+
+
+def test_a_bf16_version_is_what_nodes_load_and_the_audit_recomputes_with(model_dir, tmp_path):
+    """Published in bf16 (the default): half the bytes, and the weights a node loads from the version are
+    exactly the ones the trainer's audit keeps for it, so an honest node's log-probs still match."""
+    from swarm import protocol as P
+    from trainer.audit import AuditConfig, Auditor
+    from trainer.policy import completion_logprobs, pack_groups
+
+    model = load_model(model_dir)
+    with torch.no_grad():  # weights with bits below bf16's precision, as training leaves them
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 1e-3)
+    state = frozen_state(model, torch.bfloat16)
+    assert all(v.dtype == torch.bfloat16 for v in state.values())
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
+    path = Publisher(tmp_path, model_dir).publish(model, 1, state)
+    on_disk = _tensors(path)
+    assert all(v.dtype == torch.bfloat16 for v in on_disk.values())
+    fp32_bytes = sum(p.numel() * 4 for p in model.state_dict().values() if p.is_floating_point())
+    assert sum(f.stat().st_size for f in path.glob("*.safetensors")) < 0.6 * fp32_bytes
+
+    node_model = load_model(path)  # what a node runs: the version, computed in fp32
+    assert not torch.equal(node_model.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight)
+    prompt, comps = [5, 60, 61, 62], [[7, 8, 9], [10, 11, 12]]
+    with torch.no_grad():
+        node_lp = completion_logprobs(node_model, pack_groups([prompt], [comps], None, 0), 1.0)
+        master_lp = completion_logprobs(model, pack_groups([prompt], [comps], None, 0), 1.0)
+    samples = [P.Sample(c, node_lp[i, : len(c)].tolist(), "length") for i, c in enumerate(comps)]
+    auditor = Auditor(model, 0, 1.0, 1.0, AuditConfig(min_tail_mass=0.0))
+    auditor.remember(1, state, keep_from=0)
+    res = auditor.audit(prompt, samples, 1)
+    assert res.reason is None and res.max_diff < 1e-5
+    assert (node_lp - master_lp).abs().max() > res.max_diff  # the rounding is real; the audit sees through it

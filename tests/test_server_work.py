@@ -75,7 +75,8 @@ def test_parked_request_is_answered_when_room_opens(tmp_path, monkeypatch):
 
     async def go():
         kp = KeyPair.generate()
-        srv = await _serve(tmp_path, kp.public_hex)  # a trusted key: no probation, no shared prompts
+        # A trusted key: no probation, no shared prompts. Its samples all score the same: keep them anyway.
+        srv = await _serve(tmp_path, kp.public_hex, dynamic_sampling=False)
         c = Client(srv.cfg.server.port, kp)
         try:
             await c.send(P.Register(node_id=c.kp.public_hex, name="n", time_ms=int(time.time() * 1000)))
@@ -151,6 +152,52 @@ def test_work_lag_zero_waits_for_the_newest_version(tmp_path, monkeypatch):
             await c.ask(2, version=1)
             work = await c.recv(timeout=1.0)
             assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 2
+        finally:
+            c.close()
+            await srv.stop()
+
+    asyncio.run(go())
+
+
+def test_dynamic_sampling_keeps_flat_groups_out_of_the_batch(tmp_path):
+    """A group whose samples all score the same is accepted (the node hears so, the ledger has it) but
+    dropped as zero_advantage instead of entering the buffer, and its room goes back to the node at once;
+    a group with a right and a wrong answer is what the learner gets."""
+
+    async def go():
+        kp = KeyPair.generate()
+        srv = await _serve(tmp_path, kp.public_hex)
+        dropped: list[tuple[str, str]] = []
+        srv.on_drop = lambda gs, reason: dropped.extend((g.assignment_id, reason) for g in gs)
+        c = Client(srv.cfg.server.port, kp)
+        tok, eos = srv.tok, srv.tok.eos_token_id
+
+        def sample(text: str) -> P.Sample:
+            ids = tok.encode(text, add_special_tokens=False) + [eos]
+            return P.Sample(ids, [-1.0] * len(ids), "stop")
+
+        try:
+            await c.send(P.Register(node_id=c.kp.public_hex, name="n", time_ms=int(time.time() * 1000)))
+            assert isinstance(await c.recv(), P.Registered)
+            await c.ask(2)
+            work = await c.recv()
+            assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 2
+            flat_id, mixed_id = (a.assignment_id for a in work.assignments)
+            right = srv.held[mixed_id].item.answer
+            wrong = str((int(right) + 1) % 10) if right.lstrip("-").isdigit() else right + "1"
+            rollouts = [P.Rollout(flat_id, [sample("x"), sample("y")]),  # both wrong: all advantages zero
+                        P.Rollout(mixed_id, [sample(right), sample(wrong)])]
+            await c.send(P.RolloutSubmission(node_id=c.kp.public_hex, version=0, rollouts=rollouts,
+                                             gen_seconds=0.1))
+            result = await c.recv()
+            assert isinstance(result, P.SubmissionResult) and sorted(result.accepted) == sorted([flat_id, mixed_id])
+            assert dropped == [(flat_id, "zero_advantage")] and srv.stats.dropped["zero_advantage"] == 1
+            assert [g.assignment_id for g in srv.buffer] == [mixed_id]
+            await c.ask(2)  # the flat group's slot is free again: one more prompt to generate
+            more = await c.recv()
+            assert isinstance(more, P.WorkAssignment) and len(more.assignments) == 1
+            batch = await srv.take_batch(1)
+            assert batch[0].assignment_id == mixed_id and batch[0].correct == [1.0, 0.0]
         finally:
             c.close()
             await srv.stop()

@@ -29,6 +29,12 @@ def group_advantages(rewards: torch.Tensor, scale_by_std: bool = False, eps: flo
     return adv
 
 
+def has_signal(rewards: list[float], eps: float = 1e-8) -> bool:
+    """Does a group carry any gradient? Not when every sample scored the group's mean."""
+    mean = sum(rewards) / len(rewards)
+    return any(abs(r - mean) > eps for r in rewards)
+
+
 def grpo_loss(
     logp: torch.Tensor,  # [B, T] log-probs of the sampled tokens under the policy being trained
     old_logp: torch.Tensor,  # [B, T] the node's own sampling log-probs for the same tokens

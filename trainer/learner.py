@@ -7,7 +7,7 @@ import copy
 import torch
 
 from rewards.base import Task, TaskItem
-from trainer.grpo import LossConfig, group_advantages, grpo_loss
+from trainer.grpo import LossConfig, group_advantages, grpo_loss, has_signal
 from trainer.intake import Group
 from trainer.policy import completion_logprobs, encode_prompt, greedy_complete, pack_groups
 
@@ -28,7 +28,7 @@ class Learner:
         """One optimizer step. Groups whose advantages are all zero carry no signal and are skipped."""
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         adv = group_advantages(rewards, self.scale_adv_by_std)
-        keep = [i for i in range(len(groups)) if adv[i].abs().max() > 1e-8]
+        keep = [i for i in range(len(groups)) if has_signal(groups[i].rewards)]
         stats = {"zero_adv_groups": float(len(groups) - len(keep)), "groups": float(len(groups))}
         if not keep:
             return stats

@@ -119,15 +119,17 @@ def completion_logits(model, b: GroupedBatch) -> torch.Tensor:
     return logits.float()
 
 
-def frozen_state(model) -> dict[str, torch.Tensor]:
-    """A CPU copy of `model`'s weights that later optimizer steps leave alone. Tied weights (an LM head
-    that is the embedding) stay one tensor, so a version saved from it is laid out as the model's own."""
+def frozen_state(model, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """A CPU copy of `model`'s weights that later optimizer steps leave alone, its floating-point tensors
+    cast to `dtype` when given (what a version is published as). Tied weights (an LM head that is the
+    embedding) stay one tensor, so a version saved from it is laid out as the model's own."""
     copies: dict[tuple, torch.Tensor] = {}
     out = {}
     for k, v in model.state_dict().items():
         key = (v.data_ptr(), tuple(v.shape), v.stride())
         if key not in copies:
-            copies[key] = v.detach().to("cpu", copy=True)
+            cast = dtype if dtype is not None and v.is_floating_point() else v.dtype
+            copies[key] = v.detach().to("cpu", dtype=cast, copy=True)
         out[k] = copies[key]
     return out
 

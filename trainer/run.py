@@ -119,9 +119,13 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
         for v in publisher.versions():
             if v >= version - t.max_lag:
                 auditor.remember(v, load_model(publisher.path(v)).state_dict(), keep_from=version - t.max_lag)
-        auditor.remember(version, frozen_state(model), keep_from=version - t.max_lag)
+    # What nodes get: the trainer's fp32 weights cast to model.publish_dtype. The audit recomputes with them.
+    publish_dtype = getattr(torch, cfg.model.publish_dtype)
+    weights = frozen_state(model, publish_dtype)
+    if auditor is not None:
+        auditor.remember(version, weights, keep_from=version - t.max_lag)
     stats.banned.update(guard.bans)
-    await origin.publish(await asyncio.to_thread(publisher.publish, model, version), version, None)
+    await origin.publish(await asyncio.to_thread(publisher.publish, model, version, weights), version, None)
     stats.version = version
 
     items = task.train_items(seed=cfg.task.seed, start=state.items_drawn if state else 0)
@@ -211,7 +215,7 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
             stats.step += 1
             version += 1
             server.newest = version  # with work_lag 0, new work waits for this version to be out
-            weights = await asyncio.to_thread(frozen_state, model)
+            weights = await asyncio.to_thread(frozen_state, model, publish_dtype)
             if auditor is not None:  # before the announcement: a node may answer with it at once
                 await asyncio.to_thread(auditor.remember, version, weights, version - t.max_lag)
             await published()  # the previous version overlapped this step; it goes out first

@@ -33,6 +33,7 @@ from swarm import protocol as P
 from swarm.chat import encode_prompt
 from swarm.config import RunConfig
 from trainer.audit import Auditor
+from trainer.grpo import has_signal
 from trainer.guard import FRAUD, Guard
 from trainer.intake import Group, Held, Limits, check_rollout, check_version, score_group
 from trainer.stats import RunStats
@@ -337,13 +338,13 @@ class TrainerServer:
             groups = []
         for g in groups:
             self.on_accept(g)  # on disk before the node hears "accepted"
-            (self.quarantine if probation else self.buffer).append(g)
             accepted.append(g.assignment_id)
             self.stats.accepted(sub.node_id, sum(len(s.token_ids) for s in g.samples), self.version - sub.version)
         if probation:
+            self.quarantine.extend(groups)
             self.guard.probation[sub.node_id] += len(groups)
-        elif accepted:
-            self.buffer_changed.set()
+        else:
+            self._to_buffer(groups)
         if fraud:
             self._strike(sub.node_id, fraud)
         if groups:  # new shared prompts: this node's and its partners' verdicts may be in
@@ -355,6 +356,21 @@ class TrainerServer:
         return P.SubmissionResult(accepted=accepted, refused=refused)
 
     # ---- probation ---------------------------------------------------------------------------------
+
+    def _to_buffer(self, groups: list[Group]) -> None:
+        """Accepted groups join the learner's buffer. With dynamic sampling (DAPO), a group whose samples
+        all scored the same does not: its advantages are all zero, so in a batch it would take the place
+        of a group that teaches something. The ledger records it as dropped, and its room goes back to
+        the nodes for new work."""
+        if self.cfg.train.dynamic_sampling:
+            flat = [g for g in groups if not has_signal(g.rewards)]
+            if flat:
+                groups = [g for g in groups if has_signal(g.rewards)]
+                self.stats.drop("zero_advantage", len(flat))
+                self.on_drop(flat, "zero_advantage")
+        if groups:
+            self.buffer.extend(groups)
+            self.buffer_changed.set()
 
     def _has_partner(self, node_id: str) -> bool:
         """Is there another live node this one's prompts can be shared with?"""
@@ -387,8 +403,7 @@ class TrainerServer:
                 mine = [g for g in self.quarantine if g.node_id == node_id]
                 self.quarantine = [g for g in self.quarantine if g.node_id != node_id]
                 self.stats.quarantined = len(self.quarantine)
-                self.buffer.extend(mine)
-                self.buffer_changed.set()
+                self._to_buffer(mine)
                 n, z = self.guard.pairs.z(node_id)
                 log.info("node %s passed probation (%d shared prompts, z %.2f): %d groups released",
                          node_id[:12], n, z, len(mine))
