@@ -319,24 +319,32 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)  # TRL's arm and the scoring of every kept policy run here
     results: dict[int, dict[str, dict]] = {}
-    for seed in seeds:
-        cfg_s = bench_config(args, seed)
-        results[seed] = {}
-        for arm in args.arms.split(","):
-            print(f"seed {seed}, arm {arm}:", flush=True)
-            t0 = time.monotonic()
-            if arm == "swarm":
-                r = run_swarm(cfg_s, model_dir, out / f"seed-{seed}", trusted=not args.untrusted)
-            else:
-                r = run_trl(cfg_s, model_dir, out / f"seed-{seed}", args.threads)
-            r["wall_s"] = round(time.monotonic() - t0, 1)
-            results[seed][arm] = r
-        print(f"seed {seed}: scoring the kept policies (off both clocks):", flush=True)
-        for arm, r in results[seed].items():
-            r["curve"] = score_snapshots(cfg, r["snapshots"], f"seed {seed} {arm}")
-        if not args.keep_files:  # SmolLM2: ~0.5 GB a copy, ~13 GB a seed
-            for bulky in ("swarm/versions", "swarm/snapshots", "swarm/node", "swarm/checkpoints", "trl"):
-                shutil.rmtree(out / f"seed-{seed}" / bulky, ignore_errors=True)
+    arms_run = args.arms.split(",")
+    try:
+        for seed in seeds:
+            cfg_s = bench_config(args, seed)
+            results[seed] = {}
+            for arm in arms_run:
+                print(f"seed {seed}, arm {arm}:", flush=True)
+                t0 = time.monotonic()
+                if arm == "swarm":
+                    r = run_swarm(cfg_s, model_dir, out / f"seed-{seed}", trusted=not args.untrusted)
+                else:
+                    r = run_trl(cfg_s, model_dir, out / f"seed-{seed}", args.threads)
+                r["wall_s"] = round(time.monotonic() - t0, 1)
+                results[seed][arm] = r
+            print(f"seed {seed}: scoring the kept policies (off both clocks):", flush=True)
+            for arm, r in results[seed].items():
+                r["curve"] = score_snapshots(cfg, r["snapshots"], f"seed {seed} {arm}")
+            if not args.keep_files:  # SmolLM2: ~0.5 GB a copy, ~13 GB a seed
+                for bulky in ("swarm/versions", "swarm/snapshots", "swarm/node", "swarm/checkpoints", "trl"):
+                    shutil.rmtree(out / f"seed-{seed}" / bulky, ignore_errors=True)
+    except KeyboardInterrupt:  # Ctrl-C between or during seeds: report the ones already run and scored
+        seeds = [s for s, arms in results.items() if len(arms) == len(arms_run) and all("curve" in r for r in arms.values())]
+        if not seeds:
+            raise
+        results = {s: results[s] for s in seeds}
+        print(f"\ninterrupted: reporting the {len(seeds)} seed(s) that finished", flush=True)
     start = results[seeds[0]][next(iter(results[seeds[0]]))]["curve"][0][2]
     target = args.target if args.target is not None else min(1.0, start + args.target_gain)
     budget = args.budget or min(r["rl_seconds"] for arms in results.values() for r in arms.values())
