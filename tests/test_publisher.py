@@ -50,7 +50,7 @@ def test_snapshots_outlive_retention(model_dir, tmp_path):
 
 
 def test_a_bf16_version_is_what_nodes_load_and_the_audit_recomputes_with(model_dir, tmp_path):
-    """Published in bf16 (the default): half the bytes, and the weights a node loads from the version are
+    """Published in bf16 (model.publish_dtype): half the bytes, and the weights a node loads from the version are
     exactly the ones the trainer's audit keeps for it, so an honest node's log-probs still match."""
     from swarm import protocol as P
     from trainer.audit import AuditConfig, Auditor

@@ -166,7 +166,7 @@ def test_dynamic_sampling_keeps_flat_groups_out_of_the_batch(tmp_path):
 
     async def go():
         kp = KeyPair.generate()
-        srv = await _serve(tmp_path, kp.public_hex)
+        srv = await _serve(tmp_path, kp.public_hex, dynamic_sampling=True)
         dropped: list[tuple[str, str]] = []
         srv.on_drop = lambda gs, reason: dropped.extend((g.assignment_id, reason) for g in gs)
         c = Client(srv.cfg.server.port, kp)

@@ -246,11 +246,14 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
         await published()
         if not stats.evals or stats.evals[-1].step != stats.step:
             await run_eval(stats.step)
-        # The run is over: what is left in the buffer will not be trained on. Say so in the ledger.
-        if server.buffer:
-            ledger.dropped(server.buffer, "run_ended", stats.step)
-            stats.drop("run_ended", len(server.buffer))
-            server.buffer = []
+        # The run is over: what is left in the buffer, or still in quarantine waiting for its node's
+        # verdict, will not be trained on. Say so in the ledger.
+        leftover = server.buffer + server.quarantine
+        if leftover:
+            ledger.dropped(leftover, "run_ended", stats.step)
+            stats.drop("run_ended", len(leftover))
+            server.buffer, server.quarantine = [], []
+            stats.quarantined = 0
         await checkpoint()
     finally:
         if publishing is not None:
