@@ -355,8 +355,6 @@ class TrainerServer:
         self._pulse()  # refused work leaves room behind it, and probation may have released a node
         return P.SubmissionResult(accepted=accepted, refused=refused)
 
-    # ---- probation ---------------------------------------------------------------------------------
-
     def _to_buffer(self, groups: list[Group]) -> None:
         """Accepted groups join the learner's buffer. With dynamic sampling (DAPO), a group whose samples
         all scored the same does not: its advantages are all zero, so in a batch it would take the place
@@ -371,6 +369,8 @@ class TrainerServer:
         if groups:
             self.buffer.extend(groups)
             self.buffer_changed.set()
+
+    # ---- probation ---------------------------------------------------------------------------------
 
     def _has_partner(self, node_id: str) -> bool:
         """Is there another live node this one's prompts can be shared with?"""
