@@ -89,14 +89,17 @@ def run_swarm(cfg: RunConfig, model_dir: Path, out: Path, trusted: bool = True) 
     cfg_path = run_dir / "bench.toml"
     cfg_path.write_text(dump_config(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # On-policy (max_lag 0) the node and the learner take turns, so the node's engine gets every core too;
+    # pipelined, they run at once and the node keeps to one.
+    node_env = {**env, "OMP_NUM_THREADS": str(cfg.train.torch_threads if cfg.train.max_lag == 0 else 1)}
     py = [sys.executable, "-m", "swarm.cli"]
     launch = time.monotonic()
     logs = [open(run_dir / "trainer.log", "w"), open(run_dir / "node.log", "w")]
     procs = [subprocess.Popen([*py, "train", str(cfg_path)], stdout=logs[0], stderr=subprocess.STDOUT, env=env,
                               cwd=ROOT),
              subprocess.Popen([*py, "node", "--trainer", f"tcp://127.0.0.1:{cfg.server.port}", "--data-dir",
-                               str(run_dir / "node"), "--name", "node0"], stdout=logs[1],
-                              stderr=subprocess.STDOUT, env=env, cwd=ROOT)]
+                               str(run_dir / "node"), "--name", "node0", "--seed", str(cfg.train.seed)],
+                              stdout=logs[1], stderr=subprocess.STDOUT, env=node_env, cwd=ROOT)]
     url = f"http://127.0.0.1:{cfg.server.http_port}/api/summary"
     startup = None
     try:

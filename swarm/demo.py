@@ -105,6 +105,10 @@ def run_demo(args) -> int:
     cfg_path.write_text(dump_config(cfg))
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # On-policy (max_lag 0) one node and the learner take turns, so that node's engine may use every core;
+    # otherwise they all run at once and each node keeps to one.
+    node_threads = max(1, cfg.train.torch_threads) if cfg.train.max_lag == 0 and args.nodes == 1 else 1
+    node_env = {**env, "OMP_NUM_THREADS": str(node_threads)}
     py = [sys.executable, "-m", "swarm.cli"]
     t0 = time.monotonic()
     print(f"demo: run dir {run_dir}, trainer on tcp://127.0.0.1:{cfg.server.port}, "
@@ -125,7 +129,7 @@ def run_demo(args) -> int:
             procs.append(subprocess.Popen(
                 [*py, "node", "--trainer", f"tcp://127.0.0.1:{cfg.server.port}", "--data-dir",
                  str(run_dir / f"node{i}"), "--name", f"node{i}", "--seed", str(i)],
-                stdout=log, stderr=subprocess.STDOUT, env=env))
+                stdout=log, stderr=subprocess.STDOUT, env=node_env))
         url = f"http://127.0.0.1:{cfg.server.http_port}/api/summary"
         last_print = 0.0
         announced = False

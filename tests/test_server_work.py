@@ -159,6 +159,40 @@ def test_work_lag_zero_waits_for_the_newest_version(tmp_path, monkeypatch):
     asyncio.run(go())
 
 
+def test_on_policy_hands_out_no_work_during_a_step(tmp_path, monkeypatch):
+    """max_lag 0: work given out while the learner is making the next version would be stale before it
+    could be trained on, so none is; with max_lag 1 the same request gets work at once (the pipeline)."""
+    monkeypatch.setattr(server_mod, "PARK_S", 3.0)
+
+    async def go(max_lag: int) -> None:
+        kp = KeyPair.generate()
+        srv = await _serve(tmp_path, kp.public_hex, max_lag=max_lag, work_lag=max_lag)
+        c = Client(srv.cfg.server.port, kp)
+        try:
+            await c.send(P.Register(node_id=c.kp.public_hex, name="n", time_ms=int(time.time() * 1000)))
+            assert isinstance(await c.recv(), P.Registered)
+            srv.training = True  # the learner took a batch and is making version 1
+            await c.ask(2, version=0)
+            if max_lag > 0:
+                work = await c.recv(timeout=1.0)
+                assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 2
+                return
+            assert await c.recv(timeout=0.5) is None  # held: room, but any sample now would come too early
+            srv.newest, srv.training = 1, False
+            await srv.announce(1)
+            woke = await c.recv(timeout=1.0)
+            assert isinstance(woke, P.WorkAssignment) and not woke.assignments and woke.min_version == 1
+            await c.ask(2, version=1)
+            work = await c.recv(timeout=1.0)
+            assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 2
+        finally:
+            c.close()
+            await srv.stop()
+
+    asyncio.run(go(0))
+    asyncio.run(go(1))
+
+
 def test_dynamic_sampling_keeps_flat_groups_out_of_the_batch(tmp_path):
     """A group whose samples all score the same is accepted (the node hears so, the ledger has it) but
     dropped as zero_advantage instead of entering the buffer, and its room goes back to the node at once;

@@ -211,10 +211,12 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
             if deadline == float("inf") and t.max_minutes > 0:
                 deadline = time.monotonic() + t.max_minutes * 60
             t0 = time.perf_counter()
+            server.training = True  # work handed out from now on is trained on from the next version
             st = await asyncio.to_thread(learner.step, groups)
             stats.step += 1
             version += 1
             server.newest = version  # with work_lag 0, new work waits for this version to be out
+            server.training = False
             weights = await asyncio.to_thread(frozen_state, model, publish_dtype)
             if auditor is not None:  # before the announcement: a node may answer with it at once
                 await asyncio.to_thread(auditor.remember, version, weights, version - t.max_lag)

@@ -71,6 +71,7 @@ class TrainerServer:
         self.parked: dict[str, asyncio.Task] = {}  # node id -> its work request waiting for room
         self.version = 0  # the newest version announced to nodes
         self.newest = 0  # the newest version the learner has made (announced, or being published)
+        self.training = False  # a learner step is making version newest + 1
         self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
         self.items_drawn = 0
         self.gone_after_s = cfg.server.gone_after_s or 10 * cfg.server.heartbeat_s
@@ -248,9 +249,15 @@ class TrainerServer:
 
     def _work_floor(self) -> int:
         """The oldest policy new work may be generated with: within max_lag of the announced version and
-        within work_lag of the newest the learner has made. Above self.version, work waits for an announcement."""
+        within work_lag of the newest the learner has made. Above self.version, work waits for an announcement.
+
+        While a step is making version newest + 1, work handed out now can only be trained on from that
+        version on: anything older than newest + 1 - max_lag would be dropped as stale on arrival. With
+        max_lag 0 (on-policy) this keeps the nodes idle during a step instead of generating batches that
+        are thrown away (and that take CPU from the learner on a shared machine)."""
         t = self.cfg.train
-        return max(0, self.version - t.max_lag, self.newest - t.work_lag)
+        trained_from = self.newest + 1 if self.training else self.newest
+        return max(0, self.version - t.max_lag, self.newest - t.work_lag, trained_from - t.max_lag)
 
     def _assign(self, req: P.WorkRequest) -> P.WorkAssignment:
         floor = self._work_floor()
