@@ -89,3 +89,31 @@ def test_a_step_raises_the_likelihood_of_rewarded_samples(model_dir):
     gain = ((after - before) * mask).sum(1)
     for i in range(3):
         assert gain[4 * i] > 0 and gain[4 * i] > gain[4 * i + 1 : 4 * i + 4].max()
+
+
+def test_flat_groups_count_in_the_token_normaliser(model_dir):
+    """DAPO's token-level normalisation over the whole batch, as TRL's loss_type="dapo": adding a flat
+    group (zero advantage, skipped in the forward pass) scales the gradient by kept / all tokens."""
+    torch.manual_seed(0)
+    tok = load_tokenizer(model_dir)
+    prompts, comps = _groups(random.Random(3), n=2, g=4, vocab=64)
+
+    def grads(with_flat: bool) -> list[torch.Tensor]:
+        model = load_model(model_dir)
+        learner = Learner(model, tok, lr=0.0, weight_decay=0.0, grad_clip=1e9, loss=LossConfig())
+        with torch.no_grad():
+            lp = completion_logprobs(model, pack_groups(prompts, comps, None, 0))
+        groups = [types.SimpleNamespace(prompt_ids=p, rewards=[1.0, 0.0, 0.0, 0.0], samples=[
+            types.SimpleNamespace(token_ids=c, logprobs=lp[4 * i + j, : len(c)].tolist()) for j, c in enumerate(cs)])
+            for i, (p, cs) in enumerate(zip(prompts, comps, strict=True))]
+        if with_flat:
+            flat = [types.SimpleNamespace(token_ids=[7] * 5, logprobs=[-1.0] * 5) for _ in range(4)]
+            groups.append(types.SimpleNamespace(prompt_ids=[4, 5], samples=flat, rewards=[0.5] * 4))
+        learner.step(groups)
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    kept = sum(len(c) for cs in comps for c in cs)
+    alone, diluted = grads(False), grads(True)
+    ratio = sum(float((d * a).sum()) for d, a in zip(diluted, alone, strict=True)) / sum(
+        float((a * a).sum()) for a in alone)
+    assert abs(ratio - kept / (kept + 20)) < 1e-4
