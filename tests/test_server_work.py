@@ -127,6 +127,30 @@ def test_parked_request_is_answered_when_room_opens(tmp_path, monkeypatch):
     asyncio.run(go())
 
 
+async def _registered(srv: TrainerServer, kp: KeyPair) -> Client:
+    c = Client(srv.cfg.server.port, kp)
+    await c.send(P.Register(node_id=kp.public_hex, name="n", time_ms=int(time.time() * 1000)))
+    assert isinstance(await c.recv(), P.Registered)
+    return c
+
+
+async def _held_until_announced(c: Client, srv: TrainerServer, version: int) -> None:
+    """A request from a node at version - 1 gets no answer until `version` is announced, then an empty
+    assignment that names it as the version to load."""
+    await c.ask(2, version=version - 1)
+    assert await c.recv(timeout=0.5) is None
+    await srv.announce(version)
+    woke = await c.recv(timeout=1.0)
+    assert isinstance(woke, P.WorkAssignment) and not woke.assignments
+    assert woke.min_version == version and woke.weights.version == version
+
+
+async def _expect_work(c: Client, n: int, version: int) -> None:
+    await c.ask(n, version=version)
+    work = await c.recv(timeout=1.0)
+    assert isinstance(work, P.WorkAssignment) and len(work.assignments) == n
+
+
 def test_work_lag_zero_waits_for_the_newest_version(tmp_path, monkeypatch):
     """work_lag 0: once the learner has made a version, new work goes only to a node that has loaded it; a
     request that comes before it is out is held until the announcement, then told which version to load."""
@@ -135,23 +159,14 @@ def test_work_lag_zero_waits_for_the_newest_version(tmp_path, monkeypatch):
     async def go():
         kp = KeyPair.generate()
         srv = await _serve(tmp_path, kp.public_hex, work_lag=0)
-        c = Client(srv.cfg.server.port, kp)
+        c = await _registered(srv, kp)
         try:
-            await c.send(P.Register(node_id=c.kp.public_hex, name="n", time_ms=int(time.time() * 1000)))
-            assert isinstance(await c.recv(), P.Registered)
             srv.newest = 1  # the learner made version 1; it is still being published
-            await c.ask(2, version=0)
-            assert await c.recv(timeout=0.5) is None  # held: there is room, but not the policy to use
-            await srv.announce(1)
-            woke = await c.recv(timeout=1.0)
-            assert isinstance(woke, P.WorkAssignment) and not woke.assignments
-            assert woke.min_version == 1 and woke.weights.version == 1
+            await _held_until_announced(c, srv, 1)  # there is room, but not the policy to use
             await c.ask(2, version=0)  # a node that asks without loading it gets no work either
             stale = await c.recv(timeout=1.0)
             assert isinstance(stale, P.WorkAssignment) and not stale.assignments and stale.min_version == 1
-            await c.ask(2, version=1)
-            work = await c.recv(timeout=1.0)
-            assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 2
+            await _expect_work(c, 2, version=1)
         finally:
             c.close()
             await srv.stop()
@@ -167,24 +182,19 @@ def test_on_policy_hands_out_no_work_during_a_step(tmp_path, monkeypatch):
     async def go(max_lag: int) -> None:
         kp = KeyPair.generate()
         srv = await _serve(tmp_path, kp.public_hex, max_lag=max_lag, work_lag=max_lag)
-        c = Client(srv.cfg.server.port, kp)
+        c = await _registered(srv, kp)
         try:
-            await c.send(P.Register(node_id=c.kp.public_hex, name="n", time_ms=int(time.time() * 1000)))
-            assert isinstance(await c.recv(), P.Registered)
             srv.training = True  # the learner took a batch and is making version 1
-            await c.ask(2, version=0)
             if max_lag > 0:
-                work = await c.recv(timeout=1.0)
-                assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 2
+                await _expect_work(c, 2, version=0)
                 return
-            assert await c.recv(timeout=0.5) is None  # held: room, but any sample now would come too early
+            # Held: there is room, but any sample made now would come too early. The step ends (version 1
+            # made) while the request waits; the announcement answers it.
+            asked = asyncio.create_task(_held_until_announced(c, srv, 1))
+            await asyncio.sleep(0.2)
             srv.newest, srv.training = 1, False
-            await srv.announce(1)
-            woke = await c.recv(timeout=1.0)
-            assert isinstance(woke, P.WorkAssignment) and not woke.assignments and woke.min_version == 1
-            await c.ask(2, version=1)
-            work = await c.recv(timeout=1.0)
-            assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 2
+            await asked
+            await _expect_work(c, 2, version=1)
         finally:
             c.close()
             await srv.stop()
