@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from swarm.config import RunConfig, dump_config, load_config  # noqa: E402
-from swarm.demo import _stop, free_port  # noqa: E402
+from swarm.demo import _stop, free_port, node_threads  # noqa: E402
 
 
 def bench_config(args, seed: int) -> RunConfig:
@@ -89,9 +89,7 @@ def run_swarm(cfg: RunConfig, model_dir: Path, out: Path, trusted: bool = True) 
     cfg_path = run_dir / "bench.toml"
     cfg_path.write_text(dump_config(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    # On-policy (max_lag 0) the node and the learner take turns, so the node's engine gets every core too;
-    # pipelined, they run at once and the node keeps to one.
-    node_env = {**env, "OMP_NUM_THREADS": str(cfg.train.torch_threads if cfg.train.max_lag == 0 else 1)}
+    node_env = {**env, "OMP_NUM_THREADS": str(node_threads(cfg, nodes=1))}  # as `swarm demo` gives it
     py = [sys.executable, "-m", "swarm.cli"]
     launch = time.monotonic()
     logs = [open(run_dir / "trainer.log", "w"), open(run_dir / "node.log", "w")]

@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from swarm.config import dump_config, load_config
+from swarm.config import RunConfig, dump_config, load_config
 
 
 def free_port() -> int:
@@ -33,6 +33,13 @@ def _port_free(port: int) -> bool:
             return True
         except OSError:
             return False
+
+
+def node_threads(cfg: RunConfig, nodes: int) -> int:
+    """Threads for a node's engine on the trainer's machine. On-policy (max_lag 0) a lone node and the
+    learner take turns, so the engine may use every core the learner does; otherwise they all run at
+    once and each node keeps to one."""
+    return max(1, cfg.train.torch_threads) if cfg.train.max_lag == 0 and nodes == 1 else 1
 
 
 def _summary(url: str) -> dict | None:
@@ -105,10 +112,7 @@ def run_demo(args) -> int:
     cfg_path.write_text(dump_config(cfg))
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    # On-policy (max_lag 0) one node and the learner take turns, so that node's engine may use every core;
-    # otherwise they all run at once and each node keeps to one.
-    node_threads = max(1, cfg.train.torch_threads) if cfg.train.max_lag == 0 and args.nodes == 1 else 1
-    node_env = {**env, "OMP_NUM_THREADS": str(node_threads)}
+    node_env = {**env, "OMP_NUM_THREADS": str(node_threads(cfg, args.nodes))}
     py = [sys.executable, "-m", "swarm.cli"]
     t0 = time.monotonic()
     print(f"demo: run dir {run_dir}, trainer on tcp://127.0.0.1:{cfg.server.port}, "
