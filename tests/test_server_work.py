@@ -247,3 +247,46 @@ def test_dynamic_sampling_keeps_flat_groups_out_of_the_batch(tmp_path):
             await srv.stop()
 
     asyncio.run(go())
+
+
+def test_a_closed_server_takes_no_groups_and_hands_out_no_work(tmp_path):
+    """Once the run is over (close), a group that arrives is refused as run_ended, not accepted into a
+    buffer nobody trains from (that was accepted data lost), and a work request gets nothing. close()
+    returns what was accepted and not trained on, for the ledger."""
+
+    async def go():
+        kp = KeyPair.generate()
+        srv = await _serve(tmp_path, kp.public_hex, dynamic_sampling=False, inflight_groups=4)
+        accepted: list[str] = []
+        srv.on_accept = lambda g: accepted.append(g.assignment_id)
+        c = await _registered(srv, kp)
+        eos = srv.tok.eos_token_id
+        try:
+            await c.ask(4)
+            work = await c.recv()
+            assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 4
+            rollouts = [P.Rollout(a.assignment_id, [P.Sample([5, eos], [-1.0, -0.5], "stop")] * 2)
+                        for a in work.assignments]
+            await c.send(P.RolloutSubmission(node_id=kp.public_hex, version=0, rollouts=rollouts[:2],
+                                             gen_seconds=0.1))
+            first = await c.recv()
+            assert isinstance(first, P.SubmissionResult) and len(first.accepted) == 2
+
+            leftover = srv.close()
+            assert sorted(g.assignment_id for g in leftover) == sorted(first.accepted) and not srv.buffer
+
+            await c.send(P.RolloutSubmission(node_id=kp.public_hex, version=0, rollouts=rollouts[2:],
+                                             gen_seconds=0.1))
+            late = await c.recv()
+            assert isinstance(late, P.SubmissionResult) and not late.accepted
+            assert late.refused == {r.assignment_id: "run_ended" for r in rollouts[2:]}
+            assert sorted(accepted) == sorted(first.accepted) and not srv.buffer
+            assert len(srv.retry) == 2  # the prompts are not lost either: a resumed run hands them out
+            await c.ask(4)
+            idle = await c.recv(timeout=3.0)
+            assert isinstance(idle, P.WorkAssignment) and not idle.assignments
+        finally:
+            c.close()
+            await srv.stop()
+
+    asyncio.run(go())

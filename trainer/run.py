@@ -245,17 +245,17 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
                 await run_eval(stats.step)
             if t.checkpoint_every and stats.step % t.checkpoint_every == 0:
                 await checkpoint()
-        await published()
-        if not stats.evals or stats.evals[-1].step != stats.step:
-            await run_eval(stats.step)
-        # The run is over: what is left in the buffer, or still in quarantine waiting for its node's
-        # verdict, will not be trained on. Say so in the ledger.
-        leftover = server.buffer + server.quarantine
+        # The run is over: nothing more comes in (a group accepted during the final eval or checkpoint
+        # would be trained on by nobody), and what is left in the buffer, or still in quarantine waiting
+        # for its node's verdict, will not be trained on. Say so in the ledger.
+        leftover = server.close()
         if leftover:
             ledger.dropped(leftover, "run_ended", stats.step)
             stats.drop("run_ended", len(leftover))
-            server.buffer, server.quarantine = [], []
-            stats.quarantined = 0
+        stats.quarantined = 0
+        await published()
+        if not stats.evals or stats.evals[-1].step != stats.step:
+            await run_eval(stats.step)
         await checkpoint()
     finally:
         if publishing is not None:

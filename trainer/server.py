@@ -72,6 +72,7 @@ class TrainerServer:
         self.version = 0  # the newest version announced to nodes
         self.newest = 0  # the newest version the learner has made (announced, or being published)
         self.training = False  # a learner step is making version newest + 1
+        self.closed = False  # the run is over: no work out, no groups in
         self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
         self.items_drawn = 0
         self.gone_after_s = cfg.server.gone_after_s or 10 * cfg.server.heartbeat_s
@@ -100,6 +101,14 @@ class TrainerServer:
                 return batch
             self.buffer_changed.clear()
             await self.buffer_changed.wait()
+
+    def close(self) -> list[Group]:
+        """The run is over: hand out no more work and accept no more groups (a group accepted now would
+        never be trained on). Returns what was accepted and is not trained on: the buffer and quarantine."""
+        self.closed = True
+        leftover, self.buffer, self.quarantine = self.buffer + self.quarantine, [], []
+        self._pulse()
+        return leftover
 
     async def announce(self, version: int) -> None:
         self.version = version
@@ -238,6 +247,8 @@ class TrainerServer:
 
     def _room(self, node_id: str) -> int:
         """How many more groups `node_id` may be assigned now."""
+        if self.closed:
+            return 0
         room = self.cfg.train.inflight_groups - len(self.held) - len(self.buffer)
         mine = sum(1 for h in self.held.values() if h.node_id == node_id)
         room = min(room, self.guard.cfg.max_held - mine)
@@ -316,6 +327,8 @@ class TrainerServer:
                                     res.max_diff, res.worst_logprob, res.worst_tail)
                         verdicts[r.assignment_id] = res.reason
                         break
+        if self.closed:  # closed while this submission was checked or audited: refuse, not lose, the rest
+            verdicts = {aid: v or "run_ended" for aid, v in verdicts.items()}
         fraud = next((v for v in verdicts.values() if v in FRAUD), None)
         if fraud:
             # One lie taints the whole submission: refuse all of it.
