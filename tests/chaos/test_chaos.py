@@ -1,5 +1,5 @@
-"""Chaos: a run with six real vLLM nodes loses a third of them, gets two back, and survives a SIGKILL
-of the trainer itself.
+"""Chaos: a run with six real vLLM nodes loses a third of them (SIGKILL), gets two back while the rest
+freeze (SIGSTOP, then SIGCONT), and survives a SIGKILL of the trainer itself.
 
 Asserted: steps keep completing after each fault; the accounting balances (every accepted group is in
 exactly one trained batch or dropped with a reason); replaying the recorded batches from the starting
@@ -36,6 +36,15 @@ def _wait_step(url: str, n: int, timeout: float = 240) -> float:
     return time.monotonic()
 
 
+def _wait_log(ps, text: str, timeout: float) -> None:
+    """Wait until every process in `ps` has written `text` to its log."""
+    end = time.monotonic() + timeout
+    while not all(text in p.log_path.read_text() for p in ps):
+        assert all(p.poll() is None for p in ps), "a process died"
+        assert time.monotonic() < end, f"no {text!r} within {timeout}s"
+        time.sleep(0.5)
+
+
 def test_churn_crash_and_resume(tmp_path, procs):
     run_dir = tmp_path / "run"
     zport, hport, tport = free_port(), free_port(), free_port()
@@ -67,10 +76,15 @@ def test_churn_crash_and_resume(tmp_path, procs):
     recovery["2 nodes SIGKILLed: next step after (s)"] = _wait_step(url, at_kill + 1) - t_kill
     _wait_step(url, at_kill + 4)
 
-    # Two of the lost nodes come back with their keys (vLLM start-up takes a while on this machine).
+    # Two of the lost nodes come back with their keys. The others freeze meanwhile (SIGSTOP): their work
+    # expires, and the run cannot reach its last step before the two are up (vLLM start-up takes a while
+    # on this machine; a run that ended first could not show that the revived nodes' work is trained on).
     t_back = time.monotonic()
     for i in (0, 1):
         nodes[i] = node(i)
+    for i in range(2, N_NODES):
+        nodes[i].send_signal(signal.SIGSTOP)
+    _wait_log([nodes[0], nodes[1]], "engine started", timeout=300)
 
     # The trainer dies without a word, then resumes from its newest complete checkpoint.
     at_crash = _step(url)
@@ -79,6 +93,8 @@ def test_churn_crash_and_resume(tmp_path, procs):
     t_crash = time.monotonic()
     ckpt_step = int(latest_checkpoint(run_dir).name.split("-")[1])
     assert ckpt_step <= at_crash
+    for i in range(2, N_NODES):
+        nodes[i].send_signal(signal.SIGCONT)
     trainer = procs.start("trainer-resumed", *trainer_args, "--resume")
     wait_json(url, timeout=240, proc=trainer)
     recovery["trainer SIGKILLed: first step after resume (s)"] = _wait_step(url, ckpt_step + 1) - t_crash
