@@ -221,7 +221,7 @@ class Origin:
         try:
             async with self._session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
                 return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
     async def _probe_piece(self, url: str, version: int, index: int) -> str:
@@ -237,7 +237,7 @@ class Origin:
                 if r.status != 200:
                     return "unknown"
                 data = await r.content.read(ref.size + 1)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return "dead"
         ok = len(data) == ref.size and hashlib.sha256(data).hexdigest() == ref.sha256
         return "ok" if ok else "corrupt"
@@ -248,13 +248,12 @@ class Origin:
         wait = min(float(request.query.get("wait", "0") or 0), 60.0)
         if after and after.lstrip("-").isdigit():
             a = int(after)
-            async with self._new_version:
-                try:
-                    await asyncio.wait_for(
-                        self._new_version.wait_for(lambda: self._closing or (self.latest is not None and self.latest > a)), wait
-                    )
-                except asyncio.TimeoutError:
-                    pass
+            try:
+                async with asyncio.timeout(wait), self._new_version:
+                    await self._new_version.wait_for(
+                        lambda: self._closing or (self.latest is not None and self.latest > a))
+            except TimeoutError:
+                pass
         return _json(Latest(self.latest, sorted(self.versions)))
 
     async def _tree(self, request: web.Request) -> web.Response:

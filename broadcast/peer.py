@@ -123,7 +123,7 @@ class Peer:
         if self._session and self.peer_id and not self.evicted:
             try:
                 await self._post("/leave", Leave(self.peer_id, self._token), timeout=2)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
         for st in self.states.values():
             st.close_fds()
@@ -148,8 +148,9 @@ class Peer:
             return st.dir
         task = self._ensure_download(version)
         try:
-            await asyncio.wait_for(asyncio.shield(task), timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(task)
+        except TimeoutError:
             st = self.states.get(version)
             got = f"{st.n_have}/{len(st.pieces)} pieces" if st else "no manifest"
             raise FetchError(f"timed out after {timeout:.0f}s fetching v{version} ({got})") from None
@@ -161,8 +162,8 @@ class Peer:
         def ready() -> bool:
             return bool(self.complete_versions()) and self.complete_versions()[-1] >= min_version
 
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: ready() or self.evicted is not None), timeout)
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: ready() or self.evicted is not None)
         if self.evicted:
             raise Evicted(self.evicted)
         return self.states[self.complete_versions()[-1]].dir
@@ -185,7 +186,7 @@ class Peer:
                 async with self._session.get(self.tracker_url + "/info", timeout=aiohttp.ClientTimeout(total=5)) as r:
                     info = msgspec.json.decode(await r.content.read(4096))
                 break
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, msgspec.DecodeError) as e:
+            except (TimeoutError, aiohttp.ClientError, OSError, msgspec.DecodeError) as e:
                 if attempt == 19:
                     raise FetchError(f"tracker {self.tracker_url} unreachable: {e}") from e
                 await asyncio.sleep(0.5)
@@ -215,7 +216,7 @@ class Peer:
         msg = Heartbeat(self.peer_id, self._token, self.complete_versions(), progress)
         try:
             status, body = await self._post("/heartbeat", msg)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             log.warning("heartbeat failed (%s); keeping current parents", e)
             return
         if status == 404:
@@ -252,8 +253,9 @@ class Peer:
     async def _heartbeat_loop(self) -> None:
         while not self.evicted:
             try:
-                await asyncio.wait_for(self._hb_now.wait(), self.heartbeat_interval)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self.heartbeat_interval):
+                    await self._hb_now.wait()
+            except TimeoutError:
                 pass
             self._hb_now.clear()
             try:
@@ -279,7 +281,7 @@ class Peer:
                 latest = await self._query_latest(self.known_latest if self.known_latest is not None else -1, 20)
                 if latest is not None:
                     await self._note_latest(latest)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, FetchError, msgspec.DecodeError) as e:
+            except (TimeoutError, aiohttp.ClientError, OSError, FetchError, msgspec.DecodeError) as e:
                 log.warning("watching the tracker failed (%s)", e)
                 await asyncio.sleep(1)
 
@@ -300,7 +302,7 @@ class Peer:
             status, body = await self._post(
                 "/report", Report(self.peer_id, self._token, url, reason, version, piece, detail[:200]))  # type: ignore[arg-type]
             log.info("tracker on %s: %s %s", url, status, body[:100].decode(errors="replace"))
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             log.warning("could not report %s: %s", url, e)
         self._hb_now.set()  # fetch the new assignment now
 
@@ -330,7 +332,7 @@ class Peer:
                 if r.status != 200:
                     raise FetchError(f"origin answered {r.status} for the v{version} manifest")
                 data = await r.content.read(MAX_MANIFEST_BYTES + 1)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise FetchError(f"could not get the v{version} manifest: {e}") from e
         try:
             m = decode_manifest(data, self.trusted_public)
@@ -450,7 +452,7 @@ class Peer:
                             st.write_piece(index, bytes(buf))
                             st.mark(index)
                         return "ok"
-        except asyncio.TimeoutError:
+        except TimeoutError:
             reason, detail = "stall", f"no data for {self.stall_timeout}s"
         except (aiohttp.ClientError, OSError) as e:
             reason, detail = "dead", f"{type(e).__name__}: {e}"
@@ -469,12 +471,11 @@ class Peer:
         st = self.states.get(version)
         if st is None and (self.known_latest is None or version > self.known_latest) and self.follow:
             # A child heard of the version before we did; we're about to fetch it too.
-            async with self._changed:
-                try:
-                    await asyncio.wait_for(self._changed.wait_for(lambda: version in self.states),
-                                           self.stall_timeout / 2)
-                except asyncio.TimeoutError:
-                    return None
+            try:
+                async with asyncio.timeout(self.stall_timeout / 2), self._changed:
+                    await self._changed.wait_for(lambda: version in self.states)
+            except TimeoutError:
+                return None
             st = self.states.get(version)
         return st
 

@@ -56,8 +56,9 @@ class VersionState:
             return True
         ev = self._waiters.setdefault(index, asyncio.Event())
         try:
-            await asyncio.wait_for(ev.wait(), timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                await ev.wait()
+        except TimeoutError:
             return False
         return bool(self.have[index])
 

@@ -53,7 +53,7 @@ async def run(args: argparse.Namespace) -> int:
     while True:
         try:
             print(render(await fetch_tree(args.tracker)), flush=True)
-        except (aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError) as e:
+        except (TimeoutError, aiohttp.ClientError, msgspec.DecodeError) as e:
             print(f"error: cannot read {args.tracker}/tree: {e}", flush=True)
             if not args.watch:
                 return 1

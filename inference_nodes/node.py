@@ -166,7 +166,8 @@ class Node:
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             try:
-                reply = await asyncio.wait_for(self._replies.get(), left)
+                async with asyncio.timeout(left):
+                    reply = await self._replies.get()
             except TimeoutError:
                 break
             if isinstance(reply, expect | P.Error):

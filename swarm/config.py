@@ -7,11 +7,11 @@ result against the structs below: unknown keys and wrong types are errors, not s
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-import tomllib
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -192,7 +192,8 @@ class TrainerServer:
         try:
             while (left := deadline - time.monotonic()) > 0 and self.version == version:
                 try:
-                    await asyncio.wait_for(self.work_changed.wait(), left)
+                    async with asyncio.timeout(left):
+                        await self.work_changed.wait()
                 except TimeoutError:
                     break
                 if self._room(req.node_id) > 0 and self._work_floor() <= self.version:

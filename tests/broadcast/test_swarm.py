@@ -247,3 +247,21 @@ def test_relay_cli_parses(tmp_path):
     q = argparse.ArgumentParser()
     tree_view.add_arguments(q)
     assert q.parse_args(["--tracker", "http://x:1"]).watch == 0
+
+
+def test_relay_exits_once_it_holds_the_version_asked_for(tmp_path):
+    """`--exit-after N`: the process leaves the tree and exits 0 once it holds vN. It used to hang in
+    Peer.stop: asyncio.wait_for (Python 3.11) swallowed the heartbeat loop's cancellation when the loop's
+    wake-up event was set in the same tick, so stop() waited for that task for ever."""
+
+    async def scenario():
+        async with Cluster(tmp_path, fanout=2) as c:
+            proc = await c.spawn("once", "--exit-after", "2")
+            for v in (1, 2):
+                await c.publish(v, size=300_000)
+            await asyncio.wait_for(proc.wait(), 20)
+            assert proc.returncode == 0, c.log("once")[-2000:]
+            assert "HAVE v2" in c.log("once")
+            await c.wait(lambda: "once" not in c.names(), 10, "the relay to leave the tree")
+
+    run(scenario())
