@@ -31,6 +31,11 @@ from .store import Store, VersionState
 log = logging.getLogger("broadcast.peer")
 MAX_FAILURES_PER_PIECE = 20
 TEMP_BLACKLIST_S = 30.0
+RECV_CHUNK = 1 << 20  # a piece arrives in a few reads, not one per 64 KiB
+
+
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 class FetchError(RuntimeError):
@@ -100,7 +105,7 @@ class Peer:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=self.stall_timeout),
             connector=aiohttp.TCPConnector(limit=0),
         )
-        self.states.update(self.store.scan_complete(self.trusted_public))
+        self.states.update(await asyncio.to_thread(self.store.scan_complete, self.trusted_public))
         if self.relay:
             app = web.Application(client_max_size=4096)
             app.add_routes(
@@ -436,20 +441,23 @@ class Peer:
                 elif r.content_length is not None and r.content_length != ref.size:
                     reason, detail = "corrupt", f"length {r.content_length} != {ref.size}"
                 else:
-                    buf = bytearray()
-                    async for chunk in r.content.iter_chunked(64 << 10):
-                        buf += chunk
-                        if len(buf) > ref.size:
+                    chunks, got = [], 0
+                    async for chunk in r.content.iter_chunked(RECV_CHUNK):
+                        chunks.append(chunk)
+                        got += len(chunk)
+                        if got > ref.size:
                             break
+                    buf = b"".join(chunks)
                     if len(buf) != ref.size:
                         reason, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"
-                    elif hashlib.sha256(buf).hexdigest() != ref.sha256:
+                    # Hashing in a thread (hashlib lets go of the GIL): the loop goes on receiving meanwhile.
+                    elif await asyncio.to_thread(_sha256_hex, buf) != ref.sha256:
                         reason, detail = "corrupt", "sha256 mismatch"
                     elif st.abandoned:
                         return "ok"  # the download was dropped meanwhile; nothing to write
                     else:
                         if not st.have[index]:
-                            st.write_piece(index, bytes(buf))
+                            st.write_piece(index, buf)  # on the loop: abandon() closes these files there
                             st.mark(index)
                         return "ok"
         except TimeoutError:

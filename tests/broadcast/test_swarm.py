@@ -265,3 +265,31 @@ def test_relay_exits_once_it_holds_the_version_asked_for(tmp_path):
             await c.wait(lambda: "once" not in c.names(), 10, "the relay to leave the tree")
 
     run(scenario())
+
+
+def test_a_damaged_complete_version_is_dropped_on_restart(tmp_path):
+    """Versions are renamed complete without an fsync; on restart every piece is re-hashed, so a version
+    with a torn or altered page is deleted and fetched again, never served or loaded."""
+    kp = KeyPair.generate()
+    from broadcast.manifest import build_manifest
+
+    src = make_version(tmp_path / "src", 1, 300_000)
+    m = build_manifest(src, 1, None, kp, piece_size=64 << 10)
+    for damage in (False, True):
+        store = Store(tmp_path / f"peer{damage}")
+        st = store.open_partial(m)
+        for i, ref in enumerate(st.pieces):
+            with open(src / ref.path, "rb") as f:
+                f.seek(ref.offset)
+                st.write_piece(i, f.read(ref.size))
+            st.mark(i)
+        path = store.finalize(st)
+        if damage:
+            ref = st.pieces[3]
+            with open(path / ref.path, "r+b") as f:
+                f.seek(ref.offset + 100)
+                f.write(b"\x00\x01")
+        found = Store(tmp_path / f"peer{damage}").scan_complete(kp.public_bytes)
+        assert (1 in found) is not damage and path.exists() is not damage
+        if not damage:
+            assert same_files(found[1].dir, src)
