@@ -76,6 +76,10 @@ class PieceRef(msgspec.Struct, frozen=True):
     size: int
     sha256: str
 
+    def matches(self, data: bytes) -> bool:
+        """`data` is this piece: the right length and hash. (hashlib lets go of the GIL: threads may call it.)"""
+        return len(data) == self.size and hashlib.sha256(data).hexdigest() == self.sha256
+
 
 def flat_pieces(m: Manifest) -> list[PieceRef]:
     out: list[PieceRef] = []

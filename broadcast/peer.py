@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -32,10 +31,6 @@ log = logging.getLogger("broadcast.peer")
 MAX_FAILURES_PER_PIECE = 20
 TEMP_BLACKLIST_S = 30.0
 RECV_CHUNK = 1 << 20  # a piece arrives in a few reads, not one per 64 KiB
-
-
-def _sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class FetchError(RuntimeError):
@@ -451,7 +446,7 @@ class Peer:
                     if len(buf) != ref.size:
                         reason, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"
                     # Hashing in a thread (hashlib lets go of the GIL): the loop goes on receiving meanwhile.
-                    elif await asyncio.to_thread(_sha256_hex, buf) != ref.sha256:
+                    elif not await asyncio.to_thread(ref.matches, buf):
                         reason, detail = "corrupt", "sha256 mismatch"
                     elif st.abandoned:
                         return "ok"  # the download was dropped meanwhile; nothing to write

@@ -9,7 +9,6 @@ A version moves from partial/ to versions/ by one rename, so nothing ever sees a
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import re
@@ -91,6 +90,16 @@ class VersionState:
                 left -= len(chunk)
                 yield chunk
 
+    def on_disk_ok(self, index: int) -> bool:
+        """Piece `index` as it is on disk matches the manifest."""
+        ref = self.pieces[index]
+        try:
+            with open(self.path_of(ref), "rb") as f:
+                f.seek(ref.offset)
+                return ref.matches(f.read(ref.size))
+        except OSError:
+            return False
+
     def write_piece(self, index: int, data: bytes) -> None:
         ref = self.pieces[index]
         fd = self._fds.get(ref.file_index)
@@ -106,20 +115,6 @@ class VersionState:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-
-
-def _first_bad_piece(st: VersionState) -> int | None:
-    """The index of the first piece whose bytes on disk do not hash to the manifest's; None if all do."""
-    for i, ref in enumerate(st.pieces):
-        try:
-            with open(st.path_of(ref), "rb") as f:
-                f.seek(ref.offset)
-                data = f.read(ref.size)
-        except OSError:
-            return i
-        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
-            return i
-    return None
 
 
 class Store:
@@ -153,7 +148,7 @@ class Store:
             if man.version != int(m.group(1)):
                 continue
             st = VersionState(man, d, complete=True)
-            bad = _first_bad_piece(st)
+            bad = next((i for i in range(len(st.pieces)) if not st.on_disk_ok(i)), None)
             if bad is not None:
                 log.warning("%s: piece %d does not match its manifest; deleting the version", d, bad)
                 shutil.rmtree(d, ignore_errors=True)
@@ -188,11 +183,8 @@ class Store:
         except OSError:
             pass
         for i in sorted(logged):
-            ref = st.pieces[i]
-            with open(st.path_of(ref), "rb") as fh:
-                fh.seek(ref.offset)
-                if hashlib.sha256(fh.read(ref.size)).hexdigest() == ref.sha256:
-                    st.mark(i)
+            if st.on_disk_ok(i):
+                st.mark(i)
         if logged:
             log.info("v%d: resuming with %d/%d verified pieces", manifest.version, st.n_have, len(st.pieces))
         return st
