@@ -12,6 +12,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
@@ -119,10 +120,13 @@ def build_manifest(
     version_dir = Path(version_dir)
     if not MIN_PIECE_SIZE <= piece_size <= MAX_PIECE_SIZE:
         raise ManifestError(f"piece_size {piece_size} outside [{MIN_PIECE_SIZE}, {MAX_PIECE_SIZE}]")
-    files = []
-    for p in _iter_files(version_dir):
-        rel = p.relative_to(version_dir).as_posix()
-        files.append(FileEntry(rel, p.stat().st_size, hash_file_pieces(p, piece_size)))
+    paths = list(_iter_files(version_dir))
+    # Files hashed in parallel (hashlib lets go of the GIL): a version is on the critical path of an
+    # on-policy run, and 0.54 GB takes 0.35 s on one core here.
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        hashed = list(pool.map(lambda p: hash_file_pieces(p, piece_size), paths))
+    files = [FileEntry(p.relative_to(version_dir).as_posix(), p.stat().st_size, h)
+             for p, h in zip(paths, hashed, strict=True)]
     if not files:
         raise ManifestError(f"{version_dir}: no files to publish")
     m = Manifest(version, parent, piece_size, files, time.time())

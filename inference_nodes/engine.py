@@ -92,28 +92,42 @@ class Engine:
         self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float, seed: int | None = None
     ) -> list[list[GenSample]]:
         """For each prompt, n samples with each sampled token's log-prob."""
+        return self.generate_batch(prompts, n, max_tokens, temperature, top_p, seed=seed)[0]
+
+    def generate_batch(
+        self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float,
+        seed: int | None = None, greedy: list[list[int]] = (), greedy_tokens: int = 16,
+    ) -> tuple[list[list[GenSample]], list[list[int]]]:
+        """n samples of each of `prompts` (with each sampled token's log-prob), and the greedy completions
+        of `greedy`, in one engine pass: a probe that rides along with a batch costs next to nothing
+        (0.6-0.8 s on its own for SmolLM2 on 2 CPU cores, measured)."""
         from vllm import SamplingParams, TokensPrompt
 
-        params = SamplingParams(
+        sampled = SamplingParams(
             n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=0, seed=seed
         )
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        params = [sampled] * len(prompts) + [SamplingParams(n=1, max_tokens=greedy_tokens, temperature=0.0)] * len(greedy)
+        inputs = [TokensPrompt(prompt_token_ids=p) for p in [*prompts, *greedy]]
+        outs = self.llm.generate(inputs, params, use_tqdm=False)
         result = []
-        for out in outs:
+        for out in outs[: len(prompts)]:
             group = []
             for c in out.outputs:
                 ids = list(c.token_ids)
                 lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
                 group.append(GenSample(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
             result.append(group)
-        return result
+        return result, [self._strip_eos(o.outputs[0].token_ids) for o in outs[len(prompts) :]]
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         from vllm import SamplingParams, TokensPrompt
 
         params = SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [[t for t in o.outputs[0].token_ids if t != self.eos_token_id] for o in outs]
+        return [self._strip_eos(o.outputs[0].token_ids) for o in outs]
+
+    def _strip_eos(self, ids) -> list[int]:
+        return [t for t in ids if t != self.eos_token_id]
 
     def reload(self, weights_dir: str | Path) -> float:
         """Load new weights from an HF directory of safetensors into the running engine; seconds taken."""

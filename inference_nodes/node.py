@@ -127,8 +127,14 @@ class Node:
         self.loaded = info.version
         self.status.version_loaded = info.version
         self.status.versions_loaded += 1
-        probe = await self._on_engine(self.engine.greedy, [self._probe_ids], 16)
-        self.status.probes[str(info.version)] = probe[0]
+
+    async def _probe(self) -> None:
+        """The status page's greedy completion of the probe prompt with the loaded version, when no work
+        came with it to ride along (see _generate)."""
+        version = self.loaded
+        if version >= 0 and str(version) not in self.status.probes:
+            probe = await self._on_engine(self.engine.greedy, [self._probe_ids], 16)
+            self.status.probes[str(version)] = probe[0]
 
     # ---- zmq --------------------------------------------------------------------------------------
 
@@ -219,6 +225,7 @@ class Node:
             if self.latest is None or reply.weights.version > self.latest.version:
                 self.latest = reply.weights
             if not reply.assignments:
+                await self._probe()
                 # The trainer holds a request until there is room (a long poll), then says to ask again
                 # at once (0); a bare 0 from a trainer that does not hold requests would spin, hence the floor.
                 await asyncio.sleep(min(max(reply.retry_after_s, 0.01), 5.0))
@@ -230,12 +237,17 @@ class Node:
     async def _generate(self, work: P.WorkAssignment) -> None:
         s = work.sampling
         version = self.loaded
+        # The probe rides along with a version's first batch rather than run between loading the version
+        # and generating: an on-policy trainer waits for this batch.
+        probe = [] if str(version) in self.status.probes else [self._probe_ids]
         t0 = time.perf_counter()
-        groups = await self._on_engine(
-            self.engine.generate, [a.prompt_token_ids for a in work.assignments], s.n, s.max_tokens,
-            s.temperature, s.top_p,
+        groups, greedy = await self._on_engine(
+            self.engine.generate_batch, [a.prompt_token_ids for a in work.assignments], s.n, s.max_tokens,
+            s.temperature, s.top_p, None, probe,
         )
         secs = time.perf_counter() - t0
+        if probe:
+            self.status.probes[str(version)] = greedy[0]
         ntok = sum(len(x.token_ids) for g in groups for x in g)
         self.status.tokens_generated += ntok
         self.status.tokens_per_s = ntok / max(secs, 1e-9)

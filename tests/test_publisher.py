@@ -36,6 +36,30 @@ def test_a_frozen_copy_publishes_the_weights_of_its_moment(model_dir, tmp_path):
     assert all(torch.equal(direct[k], from_copy[k]) for k in direct)
 
 
+def test_a_version_is_laid_out_as_save_pretrained_lays_it_out(model_dir, tmp_path):
+    """The publisher writes shards itself (for speed); transformers must see the same checkpoint."""
+    import json
+
+    model = load_model(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 1e-3)
+    ref = tmp_path / "ref"
+    model.save_pretrained(ref, safe_serialization=True, max_shard_size=200_000)
+    path = Publisher(tmp_path / "run", model_dir, max_shard_bytes=200_000).publish(model, 1, frozen_state(model))
+    ours, theirs = _tensors(path), _tensors(ref)
+    assert ours.keys() == theirs.keys() and "lm_head.weight" not in ours
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in path.glob("*.safetensors"))
+    assert len(shards) > 1 and sorted(set(index["weight_map"].values())) == shards
+    assert index["weight_map"].keys() == ours.keys()
+    again = load_model(path)  # loads, re-tied, with every weight as published
+    assert again.lm_head.weight is again.model.embed_tokens.weight
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(),
+                                                   strict=True))
+
+
 def test_snapshots_outlive_retention(model_dir, tmp_path):
     model = load_model(model_dir)
     pub = Publisher(tmp_path, model_dir, keep=2)

@@ -12,11 +12,21 @@ from trainer.intake import Group
 from trainer.policy import completion_logprobs, encode_prompt, greedy_complete, pack_groups
 
 
+def make_adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with torch's fused kernel (one pass over each tensor) where the parameters allow it: measured
+    on SmolLM2-135M on 2 CPU cores, 0.05 s a step against 0.5-1 s for the default per-tensor loop. It is
+    also what transformers' Trainer uses by default (adamw_torch_fused)."""
+    try:
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
+    except RuntimeError:  # a device or dtype the fused kernel does not support
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+
 class Learner:
     def __init__(self, model, tokenizer, lr: float, weight_decay: float, grad_clip: float, loss: LossConfig,
                  temperature: float = 1.0, scale_adv_by_std: bool = False, micro_batch: int = 256):
         self.model, self.tok = model, tokenizer
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.opt = make_adamw(model, lr, weight_decay)
         self.grad_clip, self.loss_cfg = grad_clip, loss
         self.temperature, self.scale_adv_by_std = temperature, scale_adv_by_std
         self.micro_batch = micro_batch

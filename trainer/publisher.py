@@ -9,10 +9,14 @@ tree's origin then hashes and signs it (broadcast/manifest.py). The last `keep` 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,48 @@ _SIDE_FILES = (
     "vocab.json",
     "merges.txt",
 )
+
+
+def tied_keys(model) -> set[str]:
+    """Names the model declares as tied to another weight (an LM head that is the input embedding): HF
+    checkpoints leave them out, and loaders (transformers, vLLM) re-tie them."""
+    keys = getattr(model, "_tied_weights_keys", None) or {}
+    return set(keys) if model.config.tie_word_embeddings else set()
+
+
+def write_shards(state: dict[str, torch.Tensor], out: Path, max_shard_bytes: int, skip: set[str]) -> None:
+    """HF's sharded safetensors layout (model-0000i-of-0000n.safetensors and the index, or one
+    model.safetensors), written straight with safetensors. A tensor shared under several names is
+    written once, under a name not in `skip`. (model.save_pretrained writes the same files, measured for
+    SmolLM2's 0.54 GB here in 0.7 s against 0.14 s this way: a version is on the critical path.)"""
+    names: dict[int, str] = {}
+    for k, v in state.items():  # one name per storage: the first one not in `skip`
+        ptr = v.data_ptr()
+        if ptr not in names or (names[ptr] in skip and k not in skip):
+            names[ptr] = k
+    keep = set(names.values())
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = total = 0
+    for k, v in state.items():
+        if k not in keep:
+            continue
+        n = v.numel() * v.element_size()
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v.contiguous()
+        size += n
+        total += n
+    if len(shards) == 1:
+        save_file(shards[0], out / "model.safetensors", metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, out / name, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def version_name(version: int) -> str:
@@ -51,9 +97,9 @@ class Publisher:
         tmp = self.root / f".{version_name(version)}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        # save_pretrained deletes tied keys from the dict it is given: hand it a copy, the caller's is shared.
-        state = None if state is None else dict(state)
-        model.save_pretrained(tmp, state_dict=state, safe_serialization=True, max_shard_size=self.max_shard_bytes)
+        write_shards(model.state_dict() if state is None else state, tmp, self.max_shard_bytes,
+                     tied_keys(model))
+        model.config.save_pretrained(tmp)
         for name in _SIDE_FILES:
             src = self.base / name
             if src.exists() and not (tmp / name).exists():

@@ -169,9 +169,13 @@ async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> 
     publishing: asyncio.Task | None = None  # the newest version, being written, signed and announced
 
     async def publish(v: int, weights: dict, step: int, step_time: float) -> None:
+        t0 = time.perf_counter()
         path = await asyncio.to_thread(publisher.publish, model, v, weights)
+        t1 = time.perf_counter()
         await origin.publish(path, v, v - 1)
         await server.announce(v)
+        log.info("v%d out in %.2fs (written in %.2fs, then hashed, signed and announced)", v,
+                 time.perf_counter() - t0, t1 - t0)
         stats.version = v
         if t.snapshot_every and step % t.snapshot_every == 0:
             await snapshot(v, step, step_time)
