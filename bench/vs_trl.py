@@ -310,6 +310,12 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = [int(x) for x in args.seeds.split(",")]
+    if "trl" in args.arms.split(","):
+        try:  # before the first arm, not ten minutes into the run
+            import datasets  # noqa: F401
+            import trl  # noqa: F401
+        except ImportError as e:
+            sys.exit(f"TRL's arm needs the bench extra ({e}): pip install -e '.[bench]' (or make vs-trl)")
     cfg = bench_config(args, seeds[0])
     model_dir = base_model(cfg, out)
     t = cfg.train

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +97,7 @@ class Engine:
 
     def generate_batch(
         self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float,
-        seed: int | None = None, greedy: list[list[int]] = (), greedy_tokens: int = 16,
+        seed: int | None = None, greedy: Sequence[list[int]] = (), greedy_tokens: int = 16,
     ) -> tuple[list[list[GenSample]], list[list[int]]]:
         """n samples of each of `prompts` (with each sampled token's log-prob), and the greedy completions
         of `greedy`, in one engine pass: a probe that rides along with a batch costs next to nothing
