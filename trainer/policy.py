@@ -119,6 +119,11 @@ def completion_logits(model, b: GroupedBatch) -> torch.Tensor:
     return logits.float()
 
 
+def tensor_identity(v: torch.Tensor) -> tuple:
+    """Equal for two names of one tensor (tied weights), different for a view of part of it."""
+    return (v.data_ptr(), tuple(v.shape), v.stride())
+
+
 def frozen_state(model, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """A CPU copy of `model`'s weights that later optimizer steps leave alone, its floating-point tensors
     cast to `dtype` when given (what a version is published as). Tied weights (an LM head that is the
@@ -126,7 +131,7 @@ def frozen_state(model, dtype: torch.dtype | None = None) -> dict[str, torch.Ten
     copies: dict[tuple, torch.Tensor] = {}
     out = {}
     for k, v in model.state_dict().items():
-        key = (v.data_ptr(), tuple(v.shape), v.stride())
+        key = tensor_identity(v)
         if key not in copies:
             cast = dtype if dtype is not None and v.is_floating_point() else v.dtype
             copies[key] = v.detach().to("cpu", dtype=cast, copy=True)
