@@ -118,17 +118,12 @@ class Engine:
                 lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
                 group.append(GenSample(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
             result.append(group)
-        return result, [self._strip_eos(o.outputs[0].token_ids) for o in outs[len(prompts) :]]
+        eos = self.eos_token_id
+        return result, [[t for t in o.outputs[0].token_ids if t != eos] for o in outs[len(prompts) :]]
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-        from vllm import SamplingParams, TokensPrompt
-
-        params = SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [self._strip_eos(o.outputs[0].token_ids) for o in outs]
-
-    def _strip_eos(self, ids) -> list[int]:
-        return [t for t in ids if t != self.eos_token_id]
+        """Greedy completions of `prompts` (without the EOS)."""
+        return self.generate_batch([], 1, max_tokens, 1.0, 1.0, greedy=prompts, greedy_tokens=max_tokens)[1]
 
     def reload(self, weights_dir: str | Path) -> float:
         """Load new weights from an HF directory of safetensors into the running engine; seconds taken."""
