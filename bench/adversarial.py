@@ -30,12 +30,12 @@ import msgspec  # noqa: E402
 import torch  # noqa: E402
 
 from rewards.registry import make_task  # noqa: E402
-from swarm import protocol as P  # noqa: E402
-from swarm.config import RunConfig, TaskConfig  # noqa: E402
+from swarm_common import protocol as P  # noqa: E402
 from tests.adversarial.attacks import ATTACKS, Ctx, item_from_prompt, reward_of  # noqa: E402
 from tests.adversarial.conftest import HONEST, MAX_LAG, MAX_MESSAGE_BYTES, swarm_args  # noqa: E402
 from tests.adversarial.evil_node import EvilNode, Sampler  # noqa: E402
 from tests.conftest import Procs, free_port, get_json, wait_json  # noqa: E402
+from trainer.config import RunConfig, TaskConfig  # noqa: E402
 from trainer.guard import FRAUD, Guard, GuardConfig, PairedRewards  # noqa: E402
 
 FP_DROPS = ("cherry_picking", "fraud_on_probation", "banned_node")
@@ -78,7 +78,7 @@ def cherry_power(sampler: Sampler, task, group_size: int, ks: list[int], ms: lis
                  pair_min: int, prompts: int = 96, pool: int = 64, trials: int = 400, seed: int = 0) -> dict:
     """P(the paired test fires after M shared prompts): best-of-k node vs an honest partner, and honest vs
     honest (the false-positive rate of the same rule), using trainer/guard.py's PairedRewards and thresholds."""
-    from swarm.chat import encode_prompt
+    from swarm_common.chat import encode_prompt
 
     items = task.train_items(seed=12345)
     sampler.model(0)

@@ -73,7 +73,7 @@ async def _read_lines(proc: asyncio.subprocess.Process, sink: list[str]) -> None
 async def run_ours(mode: str, n: int, size: int, rate: float, piece: int, trees: int, workers: int,
                    window: int, tmp: Path, timeout: float) -> dict:
     from broadcast.origin import Origin
-    from swarm.keys import KeyPair
+    from swarm_common.keys import KeyPair
 
     kp = KeyPair.generate()
     root = tmp / f"{mode}{n}"

@@ -36,7 +36,7 @@ ENGINE_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name
 
 
 def prompts_for(tok) -> list[list[int]]:
-    from swarm.chat import encode_prompt
+    from swarm_common.chat import encode_prompt
 
     return [encode_prompt(tok, f"{a}+{b}+{(a * b) % 10}") for a in range(8) for b in range(4)][:N_PROMPTS]
 
@@ -89,8 +89,8 @@ async def throughput(raw: RawArm, model_dir: Path, tmp: Path, rounds: int, batch
     import zmq.asyncio
 
     from broadcast.origin import Origin
-    from swarm import protocol as P
-    from swarm.keys import KeyPair
+    from swarm_common import protocol as P
+    from swarm_common.keys import KeyPair
 
     key = KeyPair.generate()
     origin = Origin(tmp / "origin", key)
@@ -180,11 +180,11 @@ def main() -> int:
     if args.model:
         model_dir = Path(args.model)
     else:
-        from swarm.default_model import build_default_model
+        from model_builders.default_model import build_default_model
 
         model_dir = build_default_model(tmp / "model")
     # A "new version": the same architecture with other weights, written as the trainer publishes it.
-    from swarm.default_model import build_default_model
+    from model_builders.default_model import build_default_model
 
     version_dir = build_default_model(tmp / "v1", seed=1) if not args.model else model_dir
 

@@ -39,8 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from swarm.config import RunConfig, dump_config, load_config  # noqa: E402
-from swarm.demo import _stop, free_port, node_threads  # noqa: E402
+from swarm.demo import free_port, node_threads, stop_processes  # noqa: E402
+from trainer.config import RunConfig, dump_config, load_config  # noqa: E402
 
 
 def bench_config(args, seed: int) -> RunConfig:
@@ -82,7 +82,7 @@ def run_swarm(cfg: RunConfig, model_dir: Path, out: Path, trusted: bool = True) 
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     if trusted:  # the node is the operator's own, as TRL's generation is: no probation before it may train
-        from swarm.keys import KeyPair
+        from swarm_common.keys import KeyPair
 
         node_key = KeyPair.load_or_create(run_dir / "node" / "node.key")
         cfg.security.trusted = [node_key.public_hex]
@@ -115,7 +115,7 @@ def run_swarm(cfg: RunConfig, model_dir: Path, out: Path, trusted: bool = True) 
                 except (OSError, ValueError):
                     pass
     finally:
-        _stop(procs)
+        stop_processes(procs)
         for f in logs:
             f.close()
     if procs[0].returncode != 0 or not (run_dir / "summary.json").exists():

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import msgspec
 
-from swarm.keys import KeyPair, verify
+from swarm_common.atomic import write_atomic
+from swarm_common.keys import KeyPair, verify
 
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 16 << 20  # a 100-GiB model in 4-MiB pieces is ~2 MiB of JSON
@@ -132,9 +133,7 @@ def build_manifest(
     m = Manifest(version, parent, piece_size, files, time.time())
     m = msgspec.structs.replace(m, signature=keypair.sign(m.signing_payload()).hex())
     validate_manifest(m)
-    tmp = version_dir / (MANIFEST_NAME + ".tmp")
-    tmp.write_bytes(encode_manifest(m))
-    os.replace(tmp, version_dir / MANIFEST_NAME)
+    write_atomic(version_dir / MANIFEST_NAME, encode_manifest(m))
     return m
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-MAX_MESSAGE_BYTES = 1 << 20  # tracker messages are small; anything bigger is refused unread
+MAX_TRACKER_MESSAGE_BYTES = 1 << 20  # tracker messages are small; anything bigger is refused unread
 
 
 class Join(msgspec.Struct, forbid_unknown_fields=True):
@@ -22,14 +22,14 @@ class Joined(msgspec.Struct):
     heartbeat_interval: float
 
 
-class Heartbeat(msgspec.Struct, forbid_unknown_fields=True):
+class PeerHeartbeat(msgspec.Struct, forbid_unknown_fields=True):
     peer_id: str
     token: str
     complete: list[int] = []  # verified complete versions held
     progress: dict[int, int] = {}  # version -> verified pieces, for versions in flight
 
 
-class Assignment(msgspec.Struct):
+class TreeSources(msgspec.Struct):
     """For each tree, the ancestors to fetch from: parent first, origin last."""
 
     latest: int | None
@@ -91,6 +91,6 @@ class TreeView(msgspec.Struct):
 
 
 def decode(data: bytes, typ: type):
-    if len(data) > MAX_MESSAGE_BYTES:
+    if len(data) > MAX_TRACKER_MESSAGE_BYTES:
         raise ValueError(f"message of {len(data)} bytes is too large")
     return msgspec.json.decode(data, type=typ)

@@ -12,11 +12,11 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from swarm.http import start_site
-from swarm.keys import KeyPair
+from swarm_common.http import start_site
+from swarm_common.keys import KeyPair
 
 from .manifest import Manifest, build_manifest, encode_manifest
-from .messages import MAX_MESSAGE_BYTES, Heartbeat, Join, Latest, Leave, Report, decode
+from .messages import MAX_TRACKER_MESSAGE_BYTES, Join, Latest, Leave, PeerHeartbeat, Report, decode
 from .ratelimit import RateLimiter
 from .serving import MAX_VERSION, parse_int, serve_piece
 from .store import VersionState
@@ -73,7 +73,7 @@ class Origin:
 
     async def start(self) -> None:
         self.root_dir.mkdir(parents=True, exist_ok=True)
-        app = web.Application(client_max_size=MAX_MESSAGE_BYTES)
+        app = web.Application(client_max_size=MAX_TRACKER_MESSAGE_BYTES)
         app.add_routes(
             [
                 web.post("/join", self._join),
@@ -160,7 +160,7 @@ class Origin:
         return _json(self._tracker_call(self.tracker.join, msg))
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
-        msg: Heartbeat = await self._body(request, Heartbeat)
+        msg: PeerHeartbeat = await self._body(request, PeerHeartbeat)
         assert self.tracker
         return _json(self._tracker_call(self.tracker.heartbeat, msg, self.latest))
 

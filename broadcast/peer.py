@@ -18,11 +18,11 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from swarm.http import start_site
-from swarm.keys import fingerprint
+from swarm_common.http import start_site
+from swarm_common.keys import fingerprint
 
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest
-from .messages import Assignment, Heartbeat, Join, Joined, Latest, Leave, Report, decode
+from .messages import Join, Joined, Latest, Leave, PeerHeartbeat, Report, TreeSources, decode
 from .ratelimit import RateLimiter
 from .serving import serve_piece
 from .store import Store, VersionState
@@ -213,7 +213,7 @@ class Peer:
     async def _heartbeat_once(self) -> None:
         assert self.peer_id
         progress = {v: st.n_have for v, st in self.states.items() if not st.complete}
-        msg = Heartbeat(self.peer_id, self._token, self.complete_versions(), progress)
+        msg = PeerHeartbeat(self.peer_id, self._token, self.complete_versions(), progress)
         try:
             status, body = await self._post("/heartbeat", msg)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
@@ -230,7 +230,7 @@ class Peer:
             log.warning("heartbeat refused: %s %s", status, body[:200])
             return
         try:
-            a = decode(body, Assignment)
+            a = decode(body, TreeSources)
             if len(a.sources) != self.trees or not all(
                 0 < len(c) <= 64 and all(u.startswith("http://") and len(u) < 256 for u in c) for c in a.sources
             ):

@@ -15,6 +15,8 @@ import re
 import shutil
 from pathlib import Path
 
+from swarm_common.atomic import replace_dir
+
 from .manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -190,14 +192,13 @@ class Store:
         return st
 
     def finalize(self, st: VersionState) -> Path:
-        """All pieces verified: flush, then publish the directory with one atomic rename."""
+        """All pieces verified: close the files (no fsync, see above), then publish the directory with one
+        atomic rename."""
         assert st.n_have == len(st.pieces)
         st.close_fds()
         (st.dir / HAVE_LOG).unlink(missing_ok=True)
         dest = self.version_path(st.version)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(st.dir, dest)
+        replace_dir(st.dir, dest)
         st.dir = dest
         st.complete = True
         return dest

@@ -13,7 +13,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from .messages import Assignment, Banned, Heartbeat, Join, Joined, PeerView, TreeView
+from .messages import Banned, Join, Joined, PeerHeartbeat, PeerView, TreeSources, TreeView
 
 
 class TrackerError(Exception):
@@ -110,12 +110,12 @@ class Tracker:
             raise TrackerError(403, "bad token")
         return rec
 
-    def heartbeat(self, msg: Heartbeat, latest: int | None) -> Assignment:
+    def heartbeat(self, msg: PeerHeartbeat, latest: int | None) -> TreeSources:
         rec = self.auth(msg.peer_id, msg.token)
         rec.last_hb = time.monotonic()
         rec.complete = sorted(msg.complete)[-64:]
         rec.progress = dict(list(msg.progress.items())[:64])
-        return Assignment(latest, self.sources(rec.peer_id))
+        return TreeSources(latest, self.sources(rec.peer_id))
 
     def remove(self, peer_id: str, why: str) -> None:
         rec = self.peers.pop(peer_id, None)

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 import aiohttp
 import msgspec
 
 from .messages import TreeView, decode
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tracker", required=True, help="origin/tracker URL")
-    parser.add_argument("--watch", type=float, default=0, help="refresh every N seconds")
 
 
 async def fetch_tree(tracker: str) -> TreeView:
@@ -49,21 +43,16 @@ def render(tv: TreeView) -> str:
     return "\n".join(lines)
 
 
-async def run(args: argparse.Namespace) -> int:
+async def watch_tree(tracker: str, every: float = 0.0) -> int:
+    """Print the tree once (every > 0: again every `every` seconds until stopped); returns an exit code."""
     while True:
         try:
-            print(render(await fetch_tree(args.tracker)), flush=True)
+            print(render(await fetch_tree(tracker)), flush=True)
         except (TimeoutError, aiohttp.ClientError, msgspec.DecodeError) as e:
-            print(f"error: cannot read {args.tracker}/tree: {e}", flush=True)
-            if not args.watch:
+            print(f"error: cannot read {tracker}/tree: {e}", flush=True)
+            if not every:
                 return 1
-        if not args.watch:
+        if not every:
             return 0
-        await asyncio.sleep(args.watch)
+        await asyncio.sleep(every)
         print()
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__)
-    add_arguments(p)
-    raise SystemExit(asyncio.run(run(p.parse_args())))

@@ -22,12 +22,12 @@ import zmq.asyncio
 from aiohttp import web
 
 from broadcast.peer import Peer
-from swarm import protocol as P
-from swarm.chat import encode_prompt
-from swarm.http import start_site
-from swarm.keys import KeyPair, fingerprint, load_public
+from swarm_common import protocol as P
+from swarm_common.chat import encode_prompt
+from swarm_common.http import start_site
+from swarm_common.keys import KeyPair, fingerprint, load_public
 
-log = logging.getLogger("swarm.node")
+log = logging.getLogger(__name__)
 
 
 class Node:
@@ -36,7 +36,7 @@ class Node:
         trainer: str,
         data_dir: str | Path,
         name: str | None = None,
-        max_prompts: int = 16,
+        max_prompts: int = P.DEFAULT_MAX_PROMPTS,
         status_host: str = "127.0.0.1",
         status_port: int = 0,
         probe_prompt: str = "3+5+8",

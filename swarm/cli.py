@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
+
+from swarm.flags import add_node_flags, add_relay_flags, add_run_flags, add_tree_flags, run_overrides
 
 DESCRIPTION = """\
 rollout-swarm: a decentralized RL rollout swarm. A trainer runs GRPO on a policy; inference nodes
@@ -35,29 +36,9 @@ def _logging(verbose: bool) -> None:
 
 
 def _config(args):
-    from swarm.config import load_config
+    from trainer.config import load_config
 
-    overrides = list(args.set or [])
-    for flag, key in (("run_dir", "run_dir"), ("model", "model.path"), ("port", "server.port"),
-                      ("http_port", "server.http_port"), ("host", "server.host"), ("max_steps", "train.max_steps"),
-                      ("web_port", "server.web_port")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            overrides.append(f'{key}="{value}"' if isinstance(value, str) else f"{key}={value}")
-    return load_config(getattr(args, "config", None), overrides)
-
-
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set train.lr=3e-4 --set task.params={digits=1}")
-    p.add_argument("--run-dir", help="where versions, logs and the summary go (config: run_dir)")
-    p.add_argument("--model", help="a local Hugging Face model directory (default: the embedded tiny model)")
-    p.add_argument("--host", help="address to serve on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="zmq port nodes connect to (default 5555)")
-    p.add_argument("--http-port", type=int, help="HTTP port for weights, /api and /metrics (default 5556)")
-    p.add_argument("--web-port", type=int, help="port of the live web view on server.web_host "
-                   "(default 8265; 0: any free port, -1: none)")
-    p.add_argument("--max-steps", type=int, help="optimizer steps to run")
+    return load_config(getattr(args, "config", None), run_overrides(args))
 
 
 def cmd_train(args) -> int:
@@ -71,7 +52,7 @@ def cmd_train(args) -> int:
 def cmd_node(args) -> int:
     from inference_nodes.node import Node
 
-    node = Node(args.trainer, args.data_dir, name=args.name, max_prompts=args.max_prompts,
+    node = Node(args.trainer, args.data_dir, name=args.name or None, max_prompts=args.max_prompts,
                 status_host=args.status_host, status_port=args.status_port, probe_prompt=args.probe_prompt,
                 seed=args.seed, trainer_key=args.trainer_key, relay=not args.no_relay,
                 relay_host=args.relay_host, relay_port=args.relay_port)
@@ -93,7 +74,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_model_build(args) -> int:
-    from swarm.default_model import build_default_model
+    from model_builders.default_model import build_default_model
 
     path = build_default_model(args.dir, seed=args.seed)
     print(f"wrote the default model to {path}")
@@ -101,7 +82,7 @@ def cmd_model_build(args) -> int:
 
 
 def cmd_model_smollm2(args) -> int:
-    from swarm.smollm2 import convert_smollm2
+    from model_builders.smollm2 import convert_smollm2
 
     path = convert_smollm2(args.dir, gguf=args.gguf, force=args.force)
     print(f"wrote SmolLM2-135M-Instruct to {path}; train on it with: swarm train --model {path}")
@@ -109,15 +90,23 @@ def cmd_model_smollm2(args) -> int:
 
 
 def cmd_relay(args) -> int:
-    from broadcast import relay_main
+    from pathlib import Path
 
-    return asyncio.run(relay_main.run(args))
+    from broadcast.relay import run_relay
+    from swarm_common.keys import load_public
+
+    if not args.trainer_key:
+        raise ValueError("swarm relay needs --trainer-key (the trainer's RUN/trainer.pub or its 64 hex chars)")
+    return asyncio.run(run_relay(
+        args.tracker, Path(args.data_dir), load_public(args.trainer_key), host=args.relay_host,
+        port=args.relay_port, relay=not args.no_relay, keep=args.keep, upload_rate=args.upload_rate,
+        name=args.name, stall_timeout=args.stall_timeout, progress=args.progress, exit_after=args.exit_after))
 
 
 def cmd_tree(args) -> int:
-    from broadcast import tree_view
+    from broadcast.tree_view import watch_tree
 
-    return asyncio.run(tree_view.run(args))
+    return asyncio.run(watch_tree(args.tracker, args.watch))
 
 
 def cmd_demo(args) -> int:
@@ -137,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "takes GRPO steps and publishes each version. The TOML file's sections are [model], [task], [train], "
         "[server]; see configs/ for examples."))
     p.add_argument("config", nargs="?", help="the run's TOML config (optional: defaults are the demo's)")
-    _add_run_flags(p)
+    add_run_flags(p)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its newest complete checkpoint")
     p.set_defaults(fn=cmd_train)
@@ -145,21 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("node", help="run an inference node", description=(
         "Run an inference node: it registers with the trainer, downloads and checks the current policy, "
         "generates rollouts with vLLM and follows every new version without restarting."))
-    p.add_argument("--trainer", required=True, help="the trainer's node port, HOST:PORT or tcp://HOST:PORT")
-    p.add_argument("--data-dir", default=os.path.expanduser("~/.cache/rollout-swarm/node"),
-                   help="where the node keeps its key and downloaded versions")
-    p.add_argument("--name", help="a label for this node in the trainer's views")
-    p.add_argument("--max-prompts", type=int, default=16, help="prompts to ask for per work request")
-    p.add_argument("--status-host", default="127.0.0.1", help="address of the node's status page")
-    p.add_argument("--status-port", type=int, default=0, help="port of the node's status page (0: any free)")
-    p.add_argument("--probe-prompt", default="3+5+8",
-                   help="prompt completed greedily after each weight load, shown on the status page")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the engine")
-    p.add_argument("--trainer-key", help="pin the trainer's public key (64 hex chars or a .pub file); without "
-                   "it the key seen on first contact is pinned and its fingerprint printed")
-    p.add_argument("--no-relay", action="store_true", help="download versions but serve no other node")
-    p.add_argument("--relay-host", default="127.0.0.1", help="address other nodes reach this node's relay at")
-    p.add_argument("--relay-port", type=int, default=0, help="port of this node's relay (0: any free)")
+    add_node_flags(p)
     p.set_defaults(fn=cmd_node)
 
     p = sub.add_parser("status", help="a running trainer's figures in the terminal", description=(
@@ -174,13 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("relay", help="run a relay of the weight tree (no engine)", description=(
         "Join a trainer's relay tree and forward every version's verified pieces to the peers the tracker "
         "assigns, on a machine with bandwidth to give. The tracker is the trainer's server.tracker_port."))
-    from broadcast import relay_main, tree_view
-
-    relay_main.add_arguments(p)
+    add_relay_flags(p)
     p.set_defaults(fn=cmd_relay)
 
     p = sub.add_parser("tree", help="show the relay tree: who serves whom, who holds which version")
-    tree_view.add_arguments(p)
+    add_tree_flags(p)
     p.set_defaults(fn=cmd_tree)
 
     p = sub.add_parser("model", help="model utilities")
@@ -202,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Build the default model (offline), start a trainer and two inference nodes as separate processes on "
         "127.0.0.1, show live progress and finish with a summary table. Exit code 0 when the run learned."))
     p.add_argument("config", nargs="?", help="a TOML config (default: the built-in demo settings)")
-    _add_run_flags(p)
+    add_run_flags(p)
     p.add_argument("--nodes", type=int, default=2, help="inference nodes to start")
     p.add_argument("--minutes", type=float, default=4.0, help="minutes of RL after start-up")
     p.add_argument("--json", metavar="FILE", help="also write the run's figures (eval curve etc.) to FILE")

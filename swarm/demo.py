@@ -6,6 +6,7 @@ trainer's /api/summary to print progress, then the run's summary.json for the fi
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -17,7 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from swarm.config import RunConfig, dump_config, load_config
+from swarm.flags import run_overrides
+from trainer.config import RunConfig, dump_config, load_config
 
 
 def free_port() -> int:
@@ -50,7 +52,7 @@ def _summary(url: str) -> dict | None:
         return None
 
 
-def _stop(procs: list[subprocess.Popen], timeout: float = 15.0) -> None:
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 15.0) -> None:
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -77,15 +79,9 @@ def _fmt_progress(s: dict, t0: float) -> str:
 
 
 def run_demo(args) -> int:
-    overrides = list(args.set or [])
-    if args.run_dir:
-        overrides.append(f'run_dir="{args.run_dir}"')
-    if args.model:
-        overrides.append(f'model.path="{args.model}"')
-    if args.max_steps:
-        overrides.append(f"train.max_steps={args.max_steps}")
-    overrides.append(f"train.max_minutes={args.minutes}")
-    cfg = load_config(args.config, overrides)
+    # The ports are picked below (free ones when the defaults are taken), not passed through as overrides.
+    flags = argparse.Namespace(**{**vars(args), "port": None, "http_port": None, "web_port": None})
+    cfg = load_config(args.config, [*run_overrides(flags), f"train.max_minutes={args.minutes}"])
     # Pick free ports when the defaults are taken, so a second demo or a stale process cannot collide.
     if args.port is None and not _port_free(cfg.server.port):
         cfg.server.port = free_port()
@@ -158,7 +154,7 @@ def run_demo(args) -> int:
                 last_print = time.monotonic()
         rc = trainer.returncode
     finally:
-        _stop(procs)
+        stop_processes(procs)
         for f in logs:
             f.close()
     total = time.monotonic() - t0

@@ -4,8 +4,8 @@ tail mass, a wrong log-prob is a mismatch, and honest samples of the rarest toke
 import pytest
 import torch
 
-from swarm import protocol as P
-from swarm.default_model import build_default_model
+from model_builders.default_model import build_default_model
+from swarm_common import protocol as P
 from trainer.audit import AuditConfig, Auditor
 from trainer.policy import completion_logprobs, frozen_state, load_model, pack_groups
 

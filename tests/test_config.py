@@ -1,6 +1,6 @@
 import pytest
 
-from swarm.config import dump_config, load_config
+from trainer.config import dump_config, load_config
 
 
 def test_defaults_file_and_overrides(tmp_path):

@@ -114,8 +114,8 @@ def test_prompts_get_the_models_chat_template(tmp_path):
     """What the trainer hands to nodes: the system prompt and question inside the model's chat template
     (the tiny model's own template drops system messages, so it is given a ChatML one here; the SmolLM2
     test checks the real one)."""
-    from swarm.chat import encode_prompt
-    from swarm.default_model import build_default_model
+    from model_builders.default_model import build_default_model
+    from swarm_common.chat import encode_prompt
     from trainer.policy import load_tokenizer
 
     tok = load_tokenizer(build_default_model(tmp_path / "m"))
@@ -130,7 +130,7 @@ def test_prompts_get_the_models_chat_template(tmp_path):
 
 def test_greedy_evaluation_runs_on_a_gym_task(tmp_path):
     """The trainer's own evaluation scores model output with the task's verifier (tiny default model)."""
-    from swarm.default_model import build_default_model
+    from model_builders.default_model import build_default_model
     from trainer.learner import evaluate
     from trainer.policy import load_model, load_tokenizer
 

@@ -4,7 +4,7 @@ import time
 
 from rewards.arithmetic import ArithmeticTask
 from rewards.base import TaskItem
-from swarm import protocol as P
+from swarm_common import protocol as P
 from trainer.intake import Held, Limits, check_rollout, check_sample, check_version, score_group
 
 LIM = Limits(group_size=2, max_tokens=4, vocab_size=100, eos_id=0, max_lag=2)

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from swarm.default_model import build_default_model
+from model_builders.default_model import build_default_model
 from trainer.grpo import LossConfig
 from trainer.learner import Learner
 from trainer.policy import (

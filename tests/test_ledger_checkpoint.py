@@ -4,9 +4,9 @@ import random
 
 import torch
 
+from model_builders.default_model import build_default_model
 from rewards.base import TaskItem
-from swarm import protocol as P
-from swarm.default_model import build_default_model
+from swarm_common import protocol as P
 from trainer.checkpoint import (
     TrainerState,
     latest_checkpoint,

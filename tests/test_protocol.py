@@ -3,7 +3,7 @@
 import msgspec
 import pytest
 
-from swarm import protocol as P
+from swarm_common import protocol as P
 
 K = "ab" * 32
 
@@ -77,7 +77,7 @@ def test_refuses_out_of_range(msg, what):
 
 
 def test_signed_frames_round_trip_and_refusals():
-    from swarm.keys import KeyPair
+    from swarm_common.keys import KeyPair
 
     kp, other = KeyPair.generate(), KeyPair.generate()
     msg = P.Heartbeat(node_id=kp.public_hex, version_loaded=1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from swarm.default_model import build_default_model
+from model_builders.default_model import build_default_model
 from trainer.policy import frozen_state, load_model
 from trainer.publisher import Publisher
 
@@ -76,7 +76,7 @@ def test_snapshots_outlive_retention(model_dir, tmp_path):
 def test_a_bf16_version_is_what_nodes_load_and_the_audit_recomputes_with(model_dir, tmp_path):
     """Published in bf16 (model.publish_dtype): half the bytes, and the weights a node loads from the version are
     exactly the ones the trainer's audit keeps for it, so an honest node's log-probs still match."""
-    from swarm import protocol as P
+    from swarm_common import protocol as P
     from trainer.audit import AuditConfig, Auditor
     from trainer.policy import completion_logprobs, pack_groups
 

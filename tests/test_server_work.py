@@ -11,13 +11,13 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from model_builders.default_model import build_tokenizer
 from rewards.registry import make_task
-from swarm import protocol as P
-from swarm.config import RunConfig
-from swarm.default_model import build_tokenizer
-from swarm.keys import KeyPair
+from swarm_common import protocol as P
+from swarm_common.keys import KeyPair
 from tests.conftest import free_port
 from trainer import server as server_mod
+from trainer.config import RunConfig
 from trainer.guard import Guard, GuardConfig
 from trainer.server import TrainerServer
 from trainer.stats import RunStats

@@ -40,7 +40,7 @@ def converted(tmp_path_factory):
 
 
 def test_directory_is_plain_hf_safetensors(converted):
-    from swarm.smollm2 import is_converted
+    from model_builders.smollm2 import is_converted
 
     assert is_converted(converted)
     cfg = json.loads((converted / "config.json").read_text())
@@ -55,7 +55,7 @@ def test_same_logits_as_the_gguf_and_answers_7_plus_5(converted):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from swarm.smollm2 import find_gguf
+    from model_builders.smollm2 import find_gguf
     from trainer.policy import encode_prompt, greedy_complete, load_model, load_tokenizer
 
     model, tok = load_model(converted), load_tokenizer(converted)
@@ -78,7 +78,7 @@ def test_same_logits_as_the_gguf_and_answers_7_plus_5(converted):
 def test_gym_prompt_uses_the_system_prompt_in_chatml(converted):
     pytest.importorskip("reasoning_gym")
     from rewards.registry import make_task
-    from swarm.chat import encode_prompt
+    from swarm_common.chat import encode_prompt
     from trainer.policy import load_tokenizer
 
     tok = load_tokenizer(converted)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarm import protocol as P
+from swarm_common import protocol as P
 from trainer.policy import completion_logits, pack_groups
 
 

@@ -16,6 +16,7 @@ import msgspec
 import torch
 
 from rewards.base import TaskItem
+from swarm_common.atomic import building_dir
 from trainer.stats import EvalRow, StepRow
 
 
@@ -52,14 +53,10 @@ def save_checkpoint(run_dir: str | Path, model, optimizer, state: TrainerState, 
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{state.step:06d}"
-    tmp = root / f".step-{state.step:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
-    torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
-    (tmp / "state.json").write_bytes(msgspec.json.encode(state))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    with building_dir(final) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+        (tmp / "state.json").write_bytes(msgspec.json.encode(state))
     for old in sorted(root.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

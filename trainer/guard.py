@@ -27,6 +27,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarm_common.atomic import write_atomic
+
 # Reasons that mean the node lied or broke the protocol on purpose; `stale` and `late` are honest.
 FRAUD = frozenset({
     "bad_length", "bad_token", "bad_logprob", "bad_finish", "wrong_group_size", "unassigned",
@@ -167,6 +169,4 @@ class Guard:
 
 def _write_json(path: Path, obj) -> None:
     """Whole or not at all: a crash mid-write leaves the previous file."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True))

@@ -8,7 +8,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from swarm.http import start_site
+from swarm_common.http import start_site
 from trainer.stats import RunStats
 
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from rewards.base import Task, TaskItem
-from swarm import protocol as P
+from swarm_common import protocol as P
 
 
 @dataclass

@@ -12,11 +12,11 @@ files let anyone check the accounting and replay the run's updates (trainer/repl
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import msgspec
 
+from swarm_common.atomic import write_atomic
 from trainer.intake import Group
 
 
@@ -97,9 +97,7 @@ class Ledger:
         accepted = self.read_accepted()
         for path, rows in ((self.batches_path, keep_batches), (self.dropped_path, keep_dropped),
                            (self.accepted_path, accepted)):
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(b"".join(self._enc.encode(r) + b"\n" for r in rows))
-            os.replace(tmp, path)
+            write_atomic(path, b"".join(self._enc.encode(r) + b"\n" for r in rows))
         self._open()
 
     def pending(self) -> list[Group]:

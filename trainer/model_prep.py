@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from pathlib import Path
 
 import msgspec
 
+from model_builders.default_model import build_default_model
 from rewards.registry import make_task
-from swarm.config import RunConfig
-from swarm.default_model import build_default_model
+from swarm_common.hf_config import hoist_rope_theta
+from trainer.config import RunConfig
 
-log = logging.getLogger("swarm.trainer")
+log = logging.getLogger(__name__)
 
 
 def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
@@ -46,8 +46,6 @@ def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
         task = make_task(cfg.task.name, **cfg.task.params)
         sft_warmup(model, tok, task, cfg.model.sft_steps, batch_size=cfg.model.sft_batch, lr=cfg.model.sft_lr,
                    seed=cfg.model.seed + 1, out_dir=out, progress=progress)
-        data = json.loads((out / "config.json").read_text())
-        data.setdefault("rope_theta", 10000.0)
-        (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+        hoist_rope_theta(out)  # sft_warmup saved it anew, with rope_theta nested
     stamp_file.write_text(stamp + "\n")
     return out

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from swarm.chat import encode_prompt  # noqa: F401 - re-exported for the trainer's modules
+from swarm_common.chat import encode_prompt  # noqa: F401 - re-exported for the trainer's modules
 from trainer.grpo import token_logprobs
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from swarm_common.atomic import building_dir
 from trainer.policy import tensor_identity
 
 log = logging.getLogger(__name__)
@@ -96,34 +97,28 @@ class Publisher:
         """Write `model`'s weights (or `state`, a frozen copy of them) as version `version`; returns its
         directory."""
         final = self.path(version)
-        tmp = self.root / f".{version_name(version)}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        write_shards(model.state_dict() if state is None else state, tmp, self.max_shard_bytes,
-                     tied_keys(model))
-        model.config.save_pretrained(tmp)
-        for name in _SIDE_FILES:
-            src = self.base / name
-            if src.exists() and not (tmp / name).exists():
-                shutil.copy2(src, tmp / name)
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with building_dir(final) as tmp:
+            write_shards(model.state_dict() if state is None else state, tmp, self.max_shard_bytes,
+                         tied_keys(model))
+            model.config.save_pretrained(tmp)
+            for name in _SIDE_FILES:
+                src = self.base / name
+                if src.exists() and not (tmp / name).exists():
+                    shutil.copy2(src, tmp / name)
         self._retain(version)
         return final
 
     def snapshot(self, version: int, name: str) -> Path:
         """Keep published `version` as RUN/snapshots/NAME, a loadable HF directory."""
         dest = self.root.parent / "snapshots" / name
-        tmp = dest.with_name(f".{name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for f in self.path(version).iterdir():
-            try:
-                os.link(f, tmp / f.name)
-            except OSError:  # a file system without hard links
-                shutil.copy2(f, tmp / f.name)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with building_dir(dest) as tmp:
+            for f in self.path(version).iterdir():
+                try:
+                    os.link(f, tmp / f.name)
+                except OSError:  # a file system without hard links
+                    shutil.copy2(f, tmp / f.name)
         return dest
 
     def versions(self) -> list[int]:

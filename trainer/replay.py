@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from swarm.config import RunConfig
+from trainer.config import RunConfig
 from trainer.ledger import Ledger
 from trainer.model_prep import prepare_base_model
 from trainer.policy import load_model, load_tokenizer

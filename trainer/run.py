@@ -25,8 +25,7 @@ from transformers.utils import logging as hf_logging
 
 from broadcast.origin import Origin
 from rewards.registry import make_task
-from swarm.config import RunConfig, dump_config
-from swarm.keys import KeyPair
+from swarm_common.keys import KeyPair
 from trainer.audit import AuditConfig, Auditor
 from trainer.checkpoint import (
     TrainerState,
@@ -36,6 +35,7 @@ from trainer.checkpoint import (
     rng_state,
     save_checkpoint,
 )
+from trainer.config import RunConfig, dump_config
 from trainer.grpo import LossConfig
 from trainer.guard import Guard, GuardConfig
 from trainer.http_api import make_app, serve
@@ -48,7 +48,7 @@ from trainer.server import TrainerServer
 from trainer.stats import EvalRow, RunStats, SnapshotRow, StepRow
 from trainer.web.view import WebView
 
-log = logging.getLogger("swarm.trainer")
+log = logging.getLogger(__name__)
 
 
 def make_learner(cfg: RunConfig, model, tok) -> Learner:

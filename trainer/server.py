@@ -1,6 +1,6 @@
 """The trainer's node-facing service: a zmq ROUTER that registers nodes, hands out work and takes rollouts.
 
-Every frame is decoded, validated and its signature checked (swarm.protocol); a bad one gets an
+Every frame is decoded, validated and its signature checked (swarm_common.protocol); a bad one gets an
 `Error` reply and a log line, and the loop goes on. Work is paced: no more than `inflight_groups`
 groups are assigned or waiting for the learner at once, so little work goes stale. Work not answered
 in time goes back to the front of the queue for someone else.
@@ -29,16 +29,16 @@ import zmq
 import zmq.asyncio
 
 from rewards.base import Task, TaskItem
-from swarm import protocol as P
-from swarm.chat import encode_prompt
-from swarm.config import RunConfig
+from swarm_common import protocol as P
+from swarm_common.chat import encode_prompt
 from trainer.audit import Auditor
+from trainer.config import RunConfig
 from trainer.grpo import has_signal
 from trainer.guard import FRAUD, Guard
 from trainer.intake import Group, Held, Limits, check_rollout, check_version, score_group
 from trainer.stats import RunStats
 
-log = logging.getLogger("swarm.trainer")
+log = logging.getLogger(__name__)
 
 # A work request that finds no room waits here this long at most (a long poll) and is answered as soon as
 # room opens: a node polling on a timer would idle up to a period each step, which on a fast step is most of it.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from rewards.base import Task, TaskItem
-from swarm import protocol as P
+from swarm_common import protocol as P
 from tests.adversarial.evil_node import EvilNode, Sampler
 
 _EXPR = re.compile(r"\d+(?:[+\-*]\d+)+")
@@ -236,7 +236,7 @@ def best_of_k(ctx: Ctx, k: int = 4, timeout_s: float = 120.0) -> Outcome:
     groups = 0
     try:
         while time.monotonic() < end:
-            ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=16))
+            ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=P.DEFAULT_MAX_PROMPTS))
             work = ev.recv()
             if isinstance(work, P.Error) and work.code == "banned":
                 out.banned = True

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 import zmq
 
-from swarm import protocol as P
-from swarm.keys import KeyPair
+from swarm_common import protocol as P
+from swarm_common.keys import KeyPair
 from trainer.policy import load_model, load_tokenizer, pack
 
 _LOAD_LOCK = threading.Lock()

@@ -14,10 +14,10 @@ import torch
 
 from rewards.base import TaskItem
 from rewards.registry import make_task
-from swarm.config import TaskConfig
 from tests.adversarial.attacks import ATTACKS, Ctx, Outcome
 from tests.adversarial.conftest import MAX_LAG, MAX_MESSAGE_BYTES
 from tests.adversarial.evil_node import Sampler
+from trainer.config import TaskConfig
 from trainer.policy import load_tokenizer
 
 # Attacks that are fraud: every attempt strikes, and the third strike bans the key.

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from broadcast.origin import Origin
-from swarm.keys import KeyPair
+from swarm_common.keys import KeyPair
 
 REPO = Path(__file__).resolve().parents[2]
 HB = 0.3  # fast heartbeats keep the suite short
@@ -59,9 +59,9 @@ class Cluster:
         return self.tmp / "peers" / name
 
     async def spawn(self, name: str, *extra: str, rate: float | None = None, key: str | None = None,
-                    script: str = "-m broadcast.relay_main", wait_join: bool = True) -> asyncio.subprocess.Process:
+                    script: str = "-m swarm relay", wait_join: bool = True) -> asyncio.subprocess.Process:
         assert self.origin
-        args = [*script.split(), "--tracker", self.origin.url, "--trusted-key", key or self.key.public_hex,
+        args = [*script.split(), "--tracker", self.origin.url, "--trainer-key", key or self.key.public_hex,
                 "--data-dir", str(self.data_dir(name)), "--name", name, "--stall-timeout", "4", *extra]
         if rate:
             args += ["--upload-rate", str(rate)]

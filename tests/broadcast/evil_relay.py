@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import logging
+import sys
 
 from aiohttp import web
 
-from broadcast import relay_main
+from broadcast import relay
 from broadcast.peer import Peer
+from swarm.cli import main
 
 
 class EvilPeer(Peer):
@@ -24,8 +24,6 @@ class EvilPeer(Peer):
 
 
 if __name__ == "__main__":
-    relay_main.Peer = EvilPeer  # run() builds its peer from this name
-    p = argparse.ArgumentParser()
-    relay_main.add_arguments(p)
+    relay.Peer = EvilPeer  # run_relay builds its peer from this name
     logging.basicConfig(level="INFO")
-    raise SystemExit(asyncio.run(relay_main.run(p.parse_args())))
+    raise SystemExit(main(["relay", *sys.argv[1:]]))

@@ -15,7 +15,7 @@ from broadcast.manifest import (
     flat_pieces,
     verify_manifest,
 )
-from swarm.keys import KeyPair
+from swarm_common.keys import KeyPair
 
 
 def test_build_sign_verify_roundtrip(tmp_path):

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -15,7 +14,7 @@ from bc_helpers import Cluster, make_version, same_files
 from broadcast.origin import Origin
 from broadcast.peer import FetchError, Peer
 from broadcast.store import Store
-from swarm.keys import KeyPair
+from swarm_common.keys import KeyPair
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -236,17 +235,18 @@ def test_missing_version_is_a_clear_error(tmp_path):
 
 
 def test_relay_cli_parses(tmp_path):
-    import argparse
+    from swarm.cli import build_parser
 
-    from broadcast import relay_main, tree_view
-
-    p = argparse.ArgumentParser()
-    relay_main.add_arguments(p)
-    a = p.parse_args(["--tracker", "http://127.0.0.1:1", "--trusted-key", "ab" * 32, "--data-dir", str(tmp_path)])
-    assert a.data_dir == Path(tmp_path) and not a.no_relay
-    q = argparse.ArgumentParser()
-    tree_view.add_arguments(q)
-    assert q.parse_args(["--tracker", "http://x:1"]).watch == 0
+    p = build_parser()
+    a = p.parse_args(["relay", "--tracker", "http://127.0.0.1:1", "--trainer-key", "ab" * 32,
+                      "--data-dir", str(tmp_path)])
+    assert a.data_dir == str(tmp_path) and not a.no_relay and a.trainer_key == "ab" * 32
+    assert a.relay_host == "127.0.0.1" and a.relay_port == 0
+    # The old names are still read: --trusted-key, and the relay's own --host / --port.
+    old = p.parse_args(["relay", "--tracker", "http://127.0.0.1:1", "--trusted-key", "cd" * 32,
+                        "--data-dir", str(tmp_path), "--host", "127.0.0.2", "--port", "9"])
+    assert (old.trainer_key, old.relay_host, old.relay_port) == ("cd" * 32, "127.0.0.2", 9)
+    assert p.parse_args(["tree", "--tracker", "http://x:1"]).watch == 0
 
 
 def test_relay_exits_once_it_holds_the_version_asked_for(tmp_path):

@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from swarm.config import load_config
 from tests.conftest import free_port, get_json, wait_json
 from trainer.checkpoint import latest_checkpoint
+from trainer.config import load_config
 from trainer.ledger import Ledger, accounting
 from trainer.replay import max_param_diff, replay
 

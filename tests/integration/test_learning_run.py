@@ -13,8 +13,8 @@ import os
 import msgspec
 import zmq
 
-from swarm import protocol as P
-from swarm.keys import KeyPair
+from swarm_common import protocol as P
+from swarm_common.keys import KeyPair
 from tests.conftest import free_port, get_json, wait_json
 
 STEPS = 4

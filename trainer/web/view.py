@@ -23,11 +23,11 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from swarm.http import start_site
+from swarm_common.http import start_site
 from trainer.http_api import make_app
 from trainer.stats import RATE_WINDOW_S, EvalRow, RunStats, StepRow
 
-log = logging.getLogger("swarm.web")
+log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 
 

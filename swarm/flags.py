@@ -1,0 +1,83 @@
+"""Flags shared by the front door's commands: the run's flags (a shorthand for `--set KEY=VALUE`), and
+the flags every peer of the weight tree reads the same way (`swarm node` and `swarm relay`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from swarm_common.protocol import DEFAULT_MAX_PROMPTS
+
+# flag attribute -> config key: `--port 6000` is `--set server.port=6000`.
+RUN_FLAG_KEYS = (("run_dir", "run_dir"), ("model", "model.path"), ("port", "server.port"),
+                 ("http_port", "server.http_port"), ("host", "server.host"), ("max_steps", "train.max_steps"),
+                 ("web_port", "server.web_port"))
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.lr=3e-4 --set task.params={digits=1}")
+    p.add_argument("--run-dir", help="where versions, logs and the summary go (config: run_dir)")
+    p.add_argument("--model", help="a local Hugging Face model directory (default: the embedded tiny model)")
+    p.add_argument("--host", help="address to serve on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="zmq port nodes connect to (default 5555)")
+    p.add_argument("--http-port", type=int, help="HTTP port for weights, /api and /metrics (default 5556)")
+    p.add_argument("--web-port", type=int, help="port of the live web view on server.web_host "
+                   "(default 8265; 0: any free port, -1: none)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps to run")
+
+
+def run_overrides(args: argparse.Namespace) -> list[str]:
+    """The `--set` overrides the run flags stand for, after the explicit `--set`s (so flags win)."""
+    overrides = list(getattr(args, "set", None) or [])
+    for flag, key in RUN_FLAG_KEYS:
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f'{key}="{value}"' if isinstance(value, str) else f"{key}={value}")
+    return overrides
+
+
+def add_peer_flags(p: argparse.ArgumentParser, *, data_dir: str | None, key_help: str) -> None:
+    """What a node and a relay both read: where they keep their files, the trainer's key they pin, and
+    how their relay serves others."""
+    p.add_argument("--data-dir", default=data_dir, required=data_dir is None,
+                   help="where this peer keeps its key and downloaded versions")
+    p.add_argument("--name", default="", help="a label for this peer in the trainer's views")
+    p.add_argument("--trainer-key", help=key_help)
+    p.add_argument("--trusted-key", dest="trainer_key", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # the old name, still read
+    p.add_argument("--no-relay", action="store_true", help="download versions but serve no other peer")
+    p.add_argument("--relay-host", default="127.0.0.1", help="address this peer's relay listens on")
+    p.add_argument("--relay-port", type=int, default=0, help="port of this peer's relay (0: any free)")
+
+
+def add_node_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trainer", required=True, help="the trainer's node port, HOST:PORT or tcp://HOST:PORT")
+    add_peer_flags(p, data_dir=os.path.expanduser("~/.cache/rollout-swarm/node"),
+                   key_help="pin the trainer's public key (64 hex chars or a .pub file); without it the key "
+                   "seen on first contact is pinned and its fingerprint printed")
+    p.add_argument("--max-prompts", type=int, default=DEFAULT_MAX_PROMPTS, help="prompts to ask for per work request")
+    p.add_argument("--status-host", default="127.0.0.1", help="address of the node's status page")
+    p.add_argument("--status-port", type=int, default=0, help="port of the node's status page (0: any free)")
+    p.add_argument("--probe-prompt", default="3+5+8",
+                   help="prompt completed greedily after each weight load, shown on the status page")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the engine")
+
+
+def add_relay_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracker", required=True, help="the trainer's origin/tracker URL, e.g. http://HOST:5557")
+    add_peer_flags(p, data_dir=None, key_help="the trainer's public key (64 hex chars or a .pub file): "
+                   "only versions it signed are fetched and forwarded (required)")
+    # The relay's older names for --relay-host / --relay-port.
+    p.add_argument("--host", dest="relay_host", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--port", dest="relay_port", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--keep", type=int, default=3, help="versions to keep on disk")
+    p.add_argument("--upload-rate", type=float, default=None, help="upload cap in bytes/s")
+    p.add_argument("--stall-timeout", type=float, default=30.0,
+                   help="seconds without progress before a source is reported and bypassed")
+    p.add_argument("--progress", action="store_true", help="show progress bars")
+    p.add_argument("--exit-after", type=int, default=None, help="exit once this version is held")
+
+
+def add_tree_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracker", required=True, help="the trainer's origin/tracker URL")
+    p.add_argument("--watch", type=float, default=0, help="refresh every N seconds")
