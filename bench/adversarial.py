@@ -143,7 +143,7 @@ def main() -> int:
         wait_json(url, lambda s: s["step"] >= 3, timeout=300, proc=trainer)
         print(f"trainer and honest node up in {time.monotonic() - t_start:.0f}s", flush=True)
         summary = lambda: get_json(url)  # noqa: E731
-        sec = defaults.security
+        sec = defaults.guard
         ctx = Ctx(zport, Sampler(run_dir), task, defaults.train.group_size, MAX_LAG,
                   sec.strikes_to_ban, MAX_MESSAGE_BYTES, summary)
 
@@ -219,7 +219,7 @@ def main() -> int:
 
     # 4. Detection power of the paired test, on rewards of the starting policy.
     power = cherry_power(Sampler(root / "start"), task, defaults.train.group_size, [2, 4], [8, 16, 32, 64],
-                         defaults.security.pair_z, defaults.security.pair_min)
+                         defaults.guard.pair_z, defaults.guard.pair_min)
     result["cherry_picking_power"] = power
 
     print()
@@ -239,7 +239,7 @@ def main() -> int:
     c = a["calibration"]
     print(f"audit tolerance {a['tolerance']} nats; honest max |dlogp|: " +
           ", ".join(f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in c.items()))
-    print(f"\ncherry-picking test (z > {defaults.security.pair_z}, at least {defaults.security.pair_min} shared "
+    print(f"\ncherry-picking test (z > {defaults.guard.pair_z}, at least {defaults.guard.pair_min} shared "
           f"prompts, G={defaults.train.group_size}, starting policy's mean reward {power['pool_mean_reward']:.2f}):")
     print(f"{'M shared prompts':<18}" + "".join(f"{m:>8}" for m in power["honest_fire"]))
     for k, row in power["power"].items():

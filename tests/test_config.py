@@ -21,3 +21,22 @@ def test_unknown_keys_and_bad_types_are_errors():
         load_config(None, ["train.group_size=lots"])
     with pytest.raises(ValueError):
         load_config(None, ["nonsense"])
+
+
+def test_components_own_their_sections_and_old_keys_still_work(tmp_path, caplog):
+    cfg = load_config(None, ["loss.kl_beta=0.1", "guard.pair_z=5.0", "audit.rate=0.2"])
+    assert (cfg.loss.kl_beta, cfg.guard.pair_z, cfg.audit.rate) == (0.1, 5.0, 0.2)
+    f = tmp_path / "old.toml"
+    f.write_text('[train]\nkl_beta = 0.3\n[security]\naudit_rate = 0.4\npair_release_z = 1.5\naudit = false\n'
+                 'trusted = ["AB"]\n')
+    with caplog.at_level("WARNING"):
+        old = load_config(f)
+    assert (old.loss.kl_beta, old.audit.rate, old.guard.pair_release_z, old.audit.enabled) == (0.3, 0.4, 1.5, False)
+    assert old.guard.trusted == frozenset({"ab"})  # keys are compared lower-case
+    assert "security.audit_rate is now audit.rate" in caplog.text
+    with pytest.raises(ValueError, match="unknown"):
+        load_config(None, ["guard.no_such_key=1"])
+    # What is written back reads back the same, under the new keys.
+    again = tmp_path / "again.toml"
+    again.write_text(dump_config(old))
+    assert "[security]" not in again.read_text() and load_config(again) == old

@@ -45,17 +45,17 @@ def test_positive_advantage_below_low_clip_uses_ratio():
 
 def test_negative_advantage_two_sided_delta_bound():
     # r = e^2 ~ 7.39, A = -1: PPO gives min(-7.39, -1.3) = -7.39; INTELLECT-2 bounds it at delta*A = -3.
-    loss, _ = _loss([[0.0]], [[-2.0]], [-1.0], [[1.0]], LossConfig(0.2, 0.3, 3.0, seq_is_cap=100.0))
+    loss, _ = _loss([[0.0]], [[-2.0]], [-1.0], [[1.0]], LossConfig(eps_low=0.2, eps_high=0.3, delta=3.0, seq_is_cap=100.0))
     assert loss.item() == pytest.approx(3.0)
     # r = e^0.5 ~ 1.65 < delta: plain PPO, min(-1.65, -1.3) = -1.65.
-    loss, _ = _loss([[0.0]], [[-0.5]], [-1.0], [[1.0]], LossConfig(0.2, 0.3, 3.0, seq_is_cap=100.0))
+    loss, _ = _loss([[0.0]], [[-0.5]], [-1.0], [[1.0]], LossConfig(eps_low=0.2, eps_high=0.3, delta=3.0, seq_is_cap=100.0))
     assert loss.item() == pytest.approx(math.exp(0.5))
 
 
 def test_negative_advantage_gradient_vanishes_beyond_delta():
     logp = torch.tensor([[0.0]], requires_grad=True)
     loss, _ = grpo_loss(logp, torch.tensor([[-2.0]]), torch.tensor([-1.0]), torch.ones(1, 1),
-                        LossConfig(0.2, 0.3, 3.0, seq_is_cap=100.0))
+                        LossConfig(eps_low=0.2, eps_high=0.3, delta=3.0, seq_is_cap=100.0))
     loss.backward()
     assert logp.grad.item() == 0.0
 

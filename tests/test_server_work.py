@@ -16,10 +16,11 @@ from rewards.registry import make_task
 from swarm_common import protocol as P
 from swarm_common.keys import KeyPair
 from tests.conftest import free_port
-from trainer import server as server_mod
+from trainer import node_service as server_mod
 from trainer.config import RunConfig
-from trainer.guard import Guard, GuardConfig
-from trainer.server import TrainerServer
+from trainer.guard import Guard
+from trainer.node_registry import NodeRegistry
+from trainer.node_service import NodeService
 from trainer.stats import RunStats
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,16 +57,32 @@ class Client:
         self.ctx.term()
 
 
-async def _serve(tmp_path, client_key: str, **train) -> TrainerServer:
+class Ledger:
+    """Records what the service tells the run's ledger (trainer/ledger.py has its own tests)."""
+
+    def __init__(self):
+        self.accepted_ids: list[str] = []
+        self.drops: list[tuple[str, str]] = []
+
+    def accepted(self, g) -> None:
+        self.accepted_ids.append(g.assignment_id)
+
+    def dropped(self, groups, reason: str, step: int) -> None:
+        self.drops.extend((g.assignment_id, reason) for g in groups)
+
+
+TOK = build_tokenizer()
+
+
+async def _serve(tmp_path, client_key: str, **train) -> NodeService:
     train = {"inflight_groups": 2, "group_size": 2, "max_tokens": 4, "max_lag": 1, **train}
-    cfg = msgspec.convert({"train": train,
-                           "server": {"port": free_port()}}, RunConfig)
+    cfg = msgspec.convert({"train": train, "server": {"port": free_port()},
+                           "guard": {"trusted": [client_key]}}, RunConfig)
     task = make_task("arithmetic")
-    tok = build_tokenizer()
-    guard = Guard(tmp_path, GuardConfig(trusted=frozenset({client_key})))
-    srv = TrainerServer(cfg, task, tok, len(tok), RunStats(str(tmp_path), 10), lambda v: f"http://x/v/{v}",
-                        task.train_items(seed=0), tracker_url="http://x", trainer_key="00" * 32, guard=guard,
-                        auditor=None)
+    registry = NodeRegistry(cfg.server.heartbeat_s)
+    srv = NodeService(cfg, task, TOK, len(TOK), RunStats(str(tmp_path), 10, registry), registry,
+                      lambda v: f"http://x/v/{v}", task.train_items(seed=0), tracker_url="http://x",
+                      trainer_key="00" * 32, guard=Guard(tmp_path, cfg.guard), auditor=None, ledger=Ledger())
     await srv.start()
     return srv
 
@@ -92,7 +109,7 @@ def test_parked_request_is_answered_when_room_opens(tmp_path, monkeypatch):
             assert await c.recv(timeout=0.5) is None
 
             # The work comes back and the learner takes it: room opens and the held request gets work.
-            eos = srv.tok.eos_token_id
+            eos = TOK.eos_token_id
             rollouts = [P.Rollout(a.assignment_id, [P.Sample([5, eos], [-1.0, -0.5], "stop")] * 2)
                         for a in work.assignments]
             await c.send(P.RolloutSubmission(node_id=c.kp.public_hex, version=0, rollouts=rollouts,
@@ -127,14 +144,14 @@ def test_parked_request_is_answered_when_room_opens(tmp_path, monkeypatch):
     asyncio.run(go())
 
 
-async def _registered(srv: TrainerServer, kp: KeyPair) -> Client:
+async def _registered(srv: NodeService, kp: KeyPair) -> Client:
     c = Client(srv.cfg.server.port, kp)
     await c.send(P.Register(node_id=kp.public_hex, name="n", time_ms=int(time.time() * 1000)))
     assert isinstance(await c.recv(), P.Registered)
     return c
 
 
-async def _held_until_announced(c: Client, srv: TrainerServer, version: int) -> None:
+async def _held_until_announced(c: Client, srv: NodeService, version: int) -> None:
     """A request from a node at version - 1 gets no answer until `version` is announced, then an empty
     assignment that names it as the version to load."""
     await c.ask(2, version=version - 1)
@@ -161,7 +178,7 @@ def test_work_lag_zero_waits_for_the_newest_version(tmp_path, monkeypatch):
         srv = await _serve(tmp_path, kp.public_hex, work_lag=0)
         c = await _registered(srv, kp)
         try:
-            srv.newest = 1  # the learner made version 1; it is still being published
+            srv.end_step(1)  # the learner made version 1; it is still being published
             await _held_until_announced(c, srv, 1)  # there is room, but not the policy to use
             await c.ask(2, version=0)  # a node that asks without loading it gets no work either
             stale = await c.recv(timeout=1.0)
@@ -184,7 +201,7 @@ def test_on_policy_hands_out_no_work_during_a_step(tmp_path, monkeypatch):
         srv = await _serve(tmp_path, kp.public_hex, max_lag=max_lag, work_lag=max_lag)
         c = await _registered(srv, kp)
         try:
-            srv.training = True  # the learner took a batch and is making version 1
+            srv.begin_step()  # the learner took a batch and is making version 1
             if max_lag > 0:
                 await _expect_work(c, 2, version=0)
                 return
@@ -192,7 +209,7 @@ def test_on_policy_hands_out_no_work_during_a_step(tmp_path, monkeypatch):
             # made) while the request waits; the announcement answers it.
             asked = asyncio.create_task(_held_until_announced(c, srv, 1))
             await asyncio.sleep(0.2)
-            srv.newest, srv.training = 1, False
+            srv.end_step(1)
             await asked
             await _expect_work(c, 2, version=1)
         finally:
@@ -211,10 +228,8 @@ def test_dynamic_sampling_keeps_flat_groups_out_of_the_batch(tmp_path):
     async def go():
         kp = KeyPair.generate()
         srv = await _serve(tmp_path, kp.public_hex, dynamic_sampling=True)
-        dropped: list[tuple[str, str]] = []
-        srv.on_drop = lambda gs, reason: dropped.extend((g.assignment_id, reason) for g in gs)
         c = Client(srv.cfg.server.port, kp)
-        tok, eos = srv.tok, srv.tok.eos_token_id
+        tok, eos = TOK, TOK.eos_token_id
 
         def sample(text: str) -> P.Sample:
             ids = tok.encode(text, add_special_tokens=False) + [eos]
@@ -227,7 +242,7 @@ def test_dynamic_sampling_keeps_flat_groups_out_of_the_batch(tmp_path):
             work = await c.recv()
             assert isinstance(work, P.WorkAssignment) and len(work.assignments) == 2
             flat_id, mixed_id = (a.assignment_id for a in work.assignments)
-            right = srv.held[mixed_id].item.answer
+            right = srv.work.held[mixed_id].item.answer
             wrong = str((int(right) + 1) % 10) if right.lstrip("-").isdigit() else right + "1"
             rollouts = [P.Rollout(flat_id, [sample("x"), sample("y")]),  # both wrong: all advantages zero
                         P.Rollout(mixed_id, [sample(right), sample(wrong)])]
@@ -235,8 +250,8 @@ def test_dynamic_sampling_keeps_flat_groups_out_of_the_batch(tmp_path):
                                              gen_seconds=0.1))
             result = await c.recv()
             assert isinstance(result, P.SubmissionResult) and sorted(result.accepted) == sorted([flat_id, mixed_id])
-            assert dropped == [(flat_id, "zero_advantage")] and srv.stats.dropped["zero_advantage"] == 1
-            assert [g.assignment_id for g in srv.buffer] == [mixed_id]
+            assert srv.ledger.drops == [(flat_id, "zero_advantage")] and srv.stats.dropped["zero_advantage"] == 1
+            assert [g.assignment_id for g in srv.buffer.groups] == [mixed_id]
             await c.ask(2)  # the flat group's slot is free again: one more prompt to generate
             more = await c.recv()
             assert isinstance(more, P.WorkAssignment) and len(more.assignments) == 1
@@ -257,10 +272,8 @@ def test_a_closed_server_takes_no_groups_and_hands_out_no_work(tmp_path):
     async def go():
         kp = KeyPair.generate()
         srv = await _serve(tmp_path, kp.public_hex, dynamic_sampling=False, inflight_groups=4)
-        accepted: list[str] = []
-        srv.on_accept = lambda g: accepted.append(g.assignment_id)
         c = await _registered(srv, kp)
-        eos = srv.tok.eos_token_id
+        eos = TOK.eos_token_id
         try:
             await c.ask(4)
             work = await c.recv()
@@ -280,8 +293,8 @@ def test_a_closed_server_takes_no_groups_and_hands_out_no_work(tmp_path):
             late = await c.recv()
             assert isinstance(late, P.SubmissionResult) and not late.accepted
             assert late.refused == {r.assignment_id: "run_ended" for r in rollouts[2:]}
-            assert sorted(accepted) == sorted(first.accepted) and not srv.buffer
-            assert len(srv.retry) == 2  # the prompts are not lost either: a resumed run hands them out
+            assert sorted(srv.ledger.accepted_ids) == sorted(first.accepted) and not srv.buffer
+            assert len(srv.work.retry) == 2  # the prompts are not lost either: a resumed run hands them out
             await c.ask(4)
             idle = await c.recv(timeout=3.0)
             assert isinstance(idle, P.WorkAssignment) and not idle.assignments

@@ -17,14 +17,17 @@ import random
 import threading
 from dataclasses import dataclass, field
 
+import msgspec
 import torch
 
 from swarm_common import protocol as P
 from trainer.policy import completion_logits, pack_groups
 
 
-@dataclass(frozen=True)
-class AuditConfig:
+class AuditConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """The run config's [audit] section."""
+
+    enabled: bool = True
     rate: float = 0.1  # share of groups audited from established nodes
     new_node_groups: int = 8  # every group of a node's first N is audited (and all of a suspect's)
     tol: float = 0.01  # largest accepted |node log-prob - recomputed log-prob|, in nats

@@ -1,4 +1,5 @@
 """Run configuration: typed sections with defaults, loaded from one TOML file, overridden from the CLI.
+The loss, the guard and the audit own their sections' structs (trainer/grpo.py, guard.py, audit.py).
 
 `load_config(path, overrides)` reads the file (optional), applies `section.key=value` overrides (values
 parsed as TOML, so `train.lr=3e-4` is a float and `task.params={digits=1}` a table) and validates the
@@ -7,11 +8,18 @@ result against the structs below: unknown keys and wrong types are errors, not s
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+
+from trainer.audit import AuditConfig
+from trainer.grpo import LossConfig
+from trainer.guard import GuardConfig
+
+log = logging.getLogger(__name__)
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -49,11 +57,6 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     scale_adv_by_std: bool = False
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    delta: float = 4.0
-    seq_is_cap: float = 4.0
-    kl_beta: float = 0.0
     max_lag: int = 2  # rollouts from up to this many versions back are accepted
     inflight_groups: int = 24  # pacing: groups buffered or assigned at once, beyond which nodes wait
     # Freshness of new work: it goes only to nodes at most this many versions behind the newest policy the
@@ -94,40 +97,28 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_message_bytes: int = 8 * 2**20
 
 
-class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    allowlist: list[str] = []  # hex node keys allowed to join; empty = open to anyone
-    # Hex keys of nodes the operator runs itself: no probation (their groups train at once), audited as
-    # any new key is (their first audit_new_node_groups groups, then audit_rate), banned as anyone on fraud.
-    trusted: list[str] = []
-    strikes_to_ban: int = 3
-    msg_rate: float = 50.0  # messages per second per node key
-    msg_burst: int = 200
-    max_held: int = 128  # assignments one node may hold at once
-    audit: bool = True
-    audit_rate: float = 0.1  # share of an established node's groups re-scored by the trainer
-    audit_new_node_groups: int = 8  # every group of a node's first N is audited
-    audit_tol: float = 0.01  # |node log-prob - trainer log-prob| above this (nats) is fraud
-    # A sampled token is implausible when all the tokens at most as likely hold less than this much
-    # probability: honest sampling lands there with exactly this chance per token (a p-value).
-    min_tail_mass: float = 1e-9
-    duplicate_share: float = 0.05  # prompts also given to a second node, for the cherry-picking test
-    pair_z: float = 4.0
-    pair_min: int = 12
-    # Probation ends in release only once the excess is small (z at most this at pair_min shared prompts,
-    # times sqrt(n / pair_min) at n): between it and pair_z the node stays on probation and more decide.
-    pair_release_z: float = 1.0
-    # A new key's groups wait in quarantine, its prompts all shared with another node, until pair_min shared
-    # prompts clear it of cherry-picking (or, when it is alone, until it delivered this many audited groups).
-    probation_groups: int = 16
-
-
 class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     run_dir: str = "runs/demo"
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
+    loss: LossConfig = msgspec.field(default_factory=LossConfig)
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
-    security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
+    guard: GuardConfig = msgspec.field(default_factory=GuardConfig)
+    audit: AuditConfig = msgspec.field(default_factory=AuditConfig)
+
+
+# Keys that moved when the loss, the guard and the audit came to own their sections: still read, with a
+# warning, so older config files and scripts keep working.
+MOVED_KEYS = {
+    **{f"train.{k}": f"loss.{k}" for k in ("eps_low", "eps_high", "delta", "seq_is_cap", "kl_beta")},
+    **{f"security.{k}": f"guard.{k}" for k in (
+        "allowlist", "trusted", "strikes_to_ban", "msg_rate", "msg_burst", "max_held", "duplicate_share",
+        "pair_z", "pair_min", "pair_release_z", "probation_groups")},
+    "security.audit": "audit.enabled", "security.audit_rate": "audit.rate",
+    "security.audit_new_node_groups": "audit.new_node_groups", "security.audit_tol": "audit.tol",
+    "security.min_tail_mass": "audit.min_tail_mass",
+}
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -141,16 +132,31 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
+def _set(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = data
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+
+
+def _move_old_keys(data: dict[str, Any]) -> None:
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".")
+        if isinstance(data.get(section), dict) and key in data[section]:
+            log.warning("config key %s is now %s; please rename it", old, new)
+            _set(data, new.split("."), data[section].pop(key))
+    if data.get("security") == {}:
+        del data["security"]
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     data: dict[str, Any] = {}
     if path:
         data = tomllib.loads(Path(path).read_text())
     for text in overrides or []:
         keys, value = parse_override(text)
-        node = data
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-        node[keys[-1]] = value
+        _set(data, keys, value)
+    _move_old_keys(data)
     try:
         return msgspec.convert(data, RunConfig)
     except msgspec.ValidationError as e:

@@ -7,13 +7,14 @@ whole objective for one batch of sequences. Everything here is plain tensor math
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+import msgspec
 import torch
 
 
-@dataclass(frozen=True)
-class LossConfig:
+class LossConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """The run config's [loss] section."""
+
     eps_low: float = 0.2  # PPO clip: ratio >= 1 - eps_low ...
     eps_high: float = 0.28  # ... and <= 1 + eps_high (asymmetric, as in DAPO)
     delta: float = 4.0  # INTELLECT-2: for negative advantages the ratio's term is bounded by delta

@@ -10,7 +10,7 @@
   M shared prompts a one-sided paired z-test compares each node's mean reward with its partners'. An
   honest node's differences average zero; a cherry-picker's are positive.
 - Probation: a new key's groups wait in a quarantine, every one of its prompts also goes to another node,
-  and only once at least `pair_min` shared prompts show a small reward excess (z <= `release_z` at
+  and only once at least `pair_min` shared prompts show a small reward excess (z <= `pair_release_z` at
   `pair_min` prompts, a bar that rises as sqrt(n / pair_min) after) is it
   established and its groups released to the learner; z > `pair_z` catches it, and in between more shared
   prompts decide (a sequential test: releasing on "not yet significant" let a best-of-4 node through).
@@ -24,8 +24,9 @@ import json
 import math
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from swarm_common.atomic import write_atomic
 
@@ -37,17 +38,30 @@ FRAUD = frozenset({
 })
 
 
-@dataclass(frozen=True)
-class GuardConfig:
-    allowlist: frozenset[str] = frozenset()  # empty: open to anyone
-    trusted: frozenset[str] = frozenset()  # the operator's own nodes: never on probation
+class GuardConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The run config's [guard] section: who may take part, how much, and the cherry-picking test."""
+
+    allowlist: frozenset[str] = frozenset()  # hex node keys allowed to join; empty = open to anyone
+    # Hex keys of nodes the operator runs itself: no probation (their groups train at once), audited as
+    # any new key is (their first audit.new_node_groups groups, then audit.rate), banned as anyone on fraud.
+    trusted: frozenset[str] = frozenset()
     strikes_to_ban: int = 3
-    msg_rate: float = 50.0  # messages per second per key, sustained
+    msg_rate: float = 50.0  # messages per second per node key, sustained
     msg_burst: int = 200
     max_held: int = 128  # assignments one node may hold at once
+    duplicate_share: float = 0.05  # prompts also given to a second node, for the cherry-picking test
     pair_z: float = 4.0  # z above which a node's reward excess over its partners is cherry-picking
     pair_min: int = 12  # shared prompts needed before the test may fire
-    release_z: float = 1.0  # probation ends in release only at z <= this
+    # Probation ends in release only once the excess is small (z at most this at pair_min shared prompts,
+    # times sqrt(n / pair_min) at n): between it and pair_z the node stays on probation and more decide.
+    pair_release_z: float = 1.0
+    # A new key's groups wait in quarantine, its prompts all shared with another node, until pair_min shared
+    # prompts clear it of cherry-picking (or, when it is alone, until it delivered this many audited groups).
+    probation_groups: int = 16
+
+    def __post_init__(self) -> None:
+        self.allowlist = frozenset(k.lower() for k in self.allowlist)
+        self.trusted = frozenset(k.lower() for k in self.trusted)
 
 
 class PairedRewards:
@@ -93,7 +107,6 @@ class Guard:
         self.pairs = PairedRewards()
         self._buckets: dict[str, tuple[float, float]] = {}
         self.last_register_ms: dict[str, int] = {}
-        self.probation: dict[str, int] = {}  # node -> groups it delivered while on probation
 
     def admit(self, node_id: str) -> str | None:
         if node_id in self.bans:
@@ -136,13 +149,9 @@ class Guard:
     def is_established(self, node_id: str) -> bool:
         return node_id in self.established or node_id in self.cfg.trusted
 
-    def begin_probation(self, node_id: str) -> None:
-        """A key seen for the first time starts on probation (a re-registration changes nothing)."""
-        if not self.is_established(node_id):
-            self.probation.setdefault(node_id, 0)
-
-    def probation_verdict(self, node_id: str, probation_groups: int, has_partner: bool) -> str | None:
-        """"cherry_picking", "released", or None while the evidence is not in yet."""
+    def probation_verdict(self, node_id: str, delivered: int, has_partner: bool) -> str | None:
+        """"cherry_picking", "released", or None while the evidence is not in yet, for a node on probation
+        that has delivered `delivered` audited groups."""
         n, z = self.pairs.z(node_id)
         if n >= self.cfg.pair_min:
             if z > self.cfg.pair_z:
@@ -150,15 +159,15 @@ class Guard:
             # The bar rises as sqrt(n / pair_min): what it bounds is the reward excess per shared prompt
             # in standard deviations (z / sqrt(n)), so an honest node (z ~ N(0, 1) at every n) is soon
             # released, while a cherry-picker's z grows as sqrt(n) times its excess and meets pair_z first.
-            if z <= self.cfg.release_z * math.sqrt(n / self.cfg.pair_min):
+            if z <= self.cfg.pair_release_z * math.sqrt(n / self.cfg.pair_min):
                 return "released"
             return None  # not clean enough to release, not enough to convict: more shared prompts
-        if not has_partner and self.probation.get(node_id, 0) >= probation_groups:
+        if not has_partner and delivered >= self.cfg.probation_groups:
             return "released"  # nobody to compare with; every one of its groups passed the audit
         return None
 
-    def release(self, node_id: str) -> None:
-        self.probation.pop(node_id, None)
+    def establish(self, node_id: str) -> None:
+        """The key passed probation: remembered across restarts."""
         self.established.add(node_id)
         _write_json(self.established_path, sorted(self.established))
 

@@ -12,16 +12,15 @@ from swarm_common.http import start_site
 from trainer.stats import RunStats
 
 
-def make_app(stats: RunStats, heartbeat_s: float,
-             extra: Callable[[web.Application], None] | None = None) -> web.Application:
+def make_app(stats: RunStats, extra: Callable[[web.Application], None] | None = None) -> web.Application:
     app = web.Application()
 
     async def summary(_):
-        return web.Response(body=msgspec.json.encode(stats.summary(heartbeat_s)), content_type="application/json")
+        return web.Response(body=msgspec.json.encode(stats.summary()), content_type="application/json")
 
     async def metrics(_):
-        stats.summary(heartbeat_s)  # refreshes the node-state gauges
-        body = generate_latest(stats.registry)
+        stats.summary()  # refreshes the node-state gauges
+        body = generate_latest(stats.prom_registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app.router.add_get("/api/summary", summary)

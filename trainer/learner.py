@@ -7,6 +7,7 @@ import copy
 import torch
 
 from rewards.base import Task, TaskItem
+from trainer.config import RunConfig
 from trainer.grpo import LossConfig, group_advantages, grpo_loss, has_signal
 from trainer.intake import Group
 from trainer.policy import completion_logprobs, encode_prompt, greedy_complete, pack_groups
@@ -20,6 +21,12 @@ def make_adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
         return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
     except RuntimeError:  # a device or dtype the fused kernel does not support
         return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+
+def make_learner(cfg: RunConfig, model, tok) -> Learner:
+    t = cfg.train
+    return Learner(model, tok, t.lr, t.weight_decay, t.grad_clip, cfg.loss, temperature=t.temperature,
+                   scale_adv_by_std=t.scale_adv_by_std)
 
 
 class Learner:

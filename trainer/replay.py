@@ -11,14 +11,13 @@ from __future__ import annotations
 import torch
 
 from trainer.config import RunConfig
+from trainer.learner import make_learner
 from trainer.ledger import Ledger
 from trainer.model_prep import prepare_base_model
 from trainer.policy import load_model, load_tokenizer
 
 
 def replay(cfg: RunConfig, progress: bool = False):
-    from trainer.run import make_learner
-
     torch.set_num_threads(cfg.train.torch_threads)
     base = prepare_base_model(cfg, progress=progress)
     model, tok = load_model(base), load_tokenizer(base)

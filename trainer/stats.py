@@ -5,23 +5,29 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PCounter
 
+from trainer.node_registry import NodeRecord, NodeRegistry
+
 RATE_WINDOW_S = 10.0  # throughput rates are averaged over this many seconds
 
 
 class NodeRow(msgspec.Struct):
+    """One node as every view shows it (web page, /api, summary.json, `swarm status`)."""
+
     node_id: str
     name: str
-    state: str  # healthy, slow, gone
+    state: str  # healthy, slow, gone, banned
     version_loaded: int
-    tokens_per_s: float
+    tokens_per_s: float  # accepted completion tokens/s over the rate window, measured by the trainer
+    rollouts_per_s: float  # accepted groups (one prompt's G completions) per second
+    reported_tokens_per_s: float  # what the node says its engine does (untrusted)
     accepted_groups: int
+    share: float  # of all accepted groups
     refused: dict[str, int]
     last_heartbeat_age_s: float
     status_url: str
@@ -64,20 +70,31 @@ class ThroughputSample(msgspec.Struct, array_like=True):
     nodes: dict[str, tuple[int, int]]  # node_id -> (tokens, groups)
 
 
-class Summary(msgspec.Struct):
-    run_dir: str
+class Overview(msgspec.Struct, kw_only=True):
+    """The run's figures now: what the live views show."""
+
+    time: float  # unix time of this view
     step: int
-    version: int
     max_steps: int
+    version: int
     elapsed_s: float
     done: bool
     accepted_groups: int
     trained_groups: int
-    dropped: dict[str, int]
-    refused: dict[str, int]
     tokens_generated: int
     tokens_per_s: float
+    rollouts_per_s: float
+    refused: dict[str, int]
+    dropped: dict[str, int]
+    lag_counts: dict[str, int]  # accepted groups by version lag ("0", "1", ...)
     nodes: list[NodeRow]
+    tree: Any  # the relay tree (broadcast TreeView) or None
+
+
+class Summary(Overview, kw_only=True):
+    """The overview plus the run's history and audit figures: /api/summary and RUN/summary.json."""
+
+    run_dir: str
     steps: list[StepRow]
     evals: list[EvalRow]
     audits: int = 0
@@ -89,22 +106,12 @@ class Summary(msgspec.Struct):
     first_work_s: float | None = None  # RL seconds when a node first got work (it had weights loaded)
 
 
-@dataclass
-class NodeStats:
-    node_id: str
-    name: str
-    status_url: str = ""
-    version_loaded: int = -1
-    tokens_per_s: float = 0.0
-    last_seen: float = field(default_factory=time.monotonic)
-    accepted_groups: int = 0
-    accepted_tokens: int = 0
-    refused: Counter = field(default_factory=Counter)
-
-
 class RunStats:
-    def __init__(self, run_dir: str, max_steps: int):
-        self.run_dir, self.max_steps = run_dir, max_steps
+    """Counts, histories and Prometheus metrics of a run. Per-node figures live in the node registry's
+    records (trainer/node_registry.py), which this reads and counts into."""
+
+    def __init__(self, run_dir: str, max_steps: int, registry: NodeRegistry):
+        self.run_dir, self.max_steps, self.registry = run_dir, max_steps, registry
         self.t0 = time.time()
         self.step = 0
         self.version = 0
@@ -114,16 +121,13 @@ class RunStats:
         self.dropped: Counter = Counter()
         self.refused: Counter = Counter()
         self.tokens = 0
-        self._token_times: deque[tuple[float, int]] = deque(maxlen=512)
         self.steps: list[StepRow] = []
         self.evals: list[EvalRow] = []
-        self.nodes: dict[str, NodeStats] = {}
         self.audits = 0
         self.audit_seconds = 0.0
         self.quarantined = 0
         self.snapshots: list[SnapshotRow] = []
         self.first_work_at: float | None = None  # unix time a node first got work
-        self.banned: set[str] = set()
         self.calibration = None  # set by the trainer to the auditor's Calibration
         self.lag_counts: Counter = Counter()  # accepted groups by policy-version lag
         # One sample a second (taken by the web view's ticker) for the throughput charts: an hour's worth.
@@ -131,7 +135,7 @@ class RunStats:
         # Returns the relay tree (a msgspec struct or dict) for the views; None until a tree exists.
         self.tree_provider: Callable[[], Any] | None = None
 
-        r = self.registry = CollectorRegistry()
+        r = self.prom_registry = CollectorRegistry()
         self.m_steps = PCounter("swarm_trainer_steps", "optimizer steps taken", registry=r)
         self.m_version = Gauge("swarm_policy_version", "newest published policy version", registry=r)
         self.m_accepted = PCounter("swarm_groups_accepted", "rollout groups accepted", ["node"], registry=r)
@@ -154,46 +158,55 @@ class RunStats:
     def elapsed(self) -> float:
         return time.time() - self.t0
 
-    def node(self, node_id: str, name: str = "") -> NodeStats:
-        if node_id not in self.nodes:
-            self.nodes[node_id] = NodeStats(node_id, name or node_id[:8])
-        return self.nodes[node_id]
+    def restore(self, st) -> None:
+        """A resumed run's figures, from its checkpoint's TrainerState."""
+        self.step, self.steps, self.evals = st.step, st.steps, st.evals
+        self.accepted_groups, self.tokens = st.accepted_groups, st.tokens
+        self.dropped.update(st.dropped)
+        self.refused.update(st.refused)
+        self.trained_groups = sum(r.groups - r.zero_adv_groups for r in st.steps)
 
-    def accepted(self, node_id: str, tokens: int, lag: int) -> None:
+    def record_step(self, row: StepRow) -> None:
+        self.steps.append(row)
+        self.m_steps.inc()
+        self.m_version.set(row.version)
+        self.m_reward.set(row.reward_mean)
+        self.m_step_s.observe(row.step_seconds)
+
+    def record_eval(self, row: EvalRow) -> None:
+        self.evals.append(row)
+        self.m_eval.set(row.accuracy)
+
+    def accepted(self, rec: NodeRecord, tokens: int, lag: int) -> None:
         self.accepted_groups += 1
         self.tokens += tokens
-        self._token_times.append((time.monotonic(), tokens))
-        ns = self.nodes[node_id]
-        ns.accepted_groups += 1
-        ns.accepted_tokens += tokens
+        rec.accepted_groups += 1
+        rec.accepted_tokens += tokens
         self.lag_counts[lag] += 1
-        name = ns.name
-        self.m_accepted.labels(name).inc()
-        self.m_tokens.labels(name).inc(tokens)
+        self.m_accepted.labels(rec.name).inc()
+        self.m_tokens.labels(rec.name).inc(tokens)
         self.m_lag.observe(lag)
 
-    def refuse(self, node_id: str, reason: str) -> None:
+    def refuse(self, rec: NodeRecord | None, reason: str) -> None:
+        """A refusal, of a registered node's (`rec`) or of an unknown sender's (None)."""
         self.refused[reason] += 1
-        ns = self.nodes.get(node_id)
-        if ns is not None:
-            ns.refused[reason] += 1
-        self.m_refused.labels(ns.name if ns else "unknown", reason).inc()
+        if rec is not None:
+            rec.refused[reason] += 1
+        self.m_refused.labels(rec.name if rec else "unknown", reason).inc()
+
+    def audited(self, seconds: float) -> None:
+        self.audits += 1
+        self.audit_seconds += seconds
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] += n
         self.m_dropped.labels(reason).inc(n)
 
-    def tokens_per_s(self, window: float = 30.0) -> float:
-        now = time.monotonic()
-        recent = [(t, n) for t, n in self._token_times if now - t <= window]
-        if len(recent) < 2:
-            return 0.0
-        return sum(n for _, n in recent[1:]) / max(now - recent[0][0], 1e-6)
-
     def sample(self, now: float | None = None) -> ThroughputSample:
         """Record the cumulative counts now (called once a second by the web view)."""
         s = ThroughputSample(time.time() if now is None else now, self.tokens, self.accepted_groups,
-                             {n.node_id: (n.accepted_tokens, n.accepted_groups) for n in self.nodes.values()})
+                             {n.node_id: (n.accepted_tokens, n.accepted_groups)
+                              for n in self.registry.nodes.values()})
         self.history.append(s)
         return s
 
@@ -219,31 +232,43 @@ class RunStats:
     def tree(self) -> Any:
         return self.tree_provider() if self.tree_provider is not None else None
 
-    def node_state(self, ns: NodeStats, heartbeat_s: float) -> str:
-        if ns.node_id in self.banned:
-            return "banned"
-        age = time.monotonic() - ns.last_seen
-        return "healthy" if age <= 3 * heartbeat_s else "slow" if age <= 10 * heartbeat_s else "gone"
-
-    def summary(self, heartbeat_s: float) -> Summary:
-        rows = []
-        states: Counter = Counter()
-        for ns in self.nodes.values():
-            st = self.node_state(ns, heartbeat_s)
-            states[st] += 1
-            rows.append(NodeRow(ns.node_id, ns.name, st, ns.version_loaded, round(ns.tokens_per_s, 1),
-                                ns.accepted_groups, dict(ns.refused),
-                                round(time.monotonic() - ns.last_seen, 2), ns.status_url))
+    def _figures(self, window_s: float) -> dict[str, Any]:
+        """The overview's fields, with rates over the window_s before the newest throughput sample; also
+        refreshes the per-node Prometheus gauges."""
+        last = self.rates(len(self.history) - 1, window_s) if self.history else (0.0, 0.0, {})
+        total = max(self.accepted_groups, 1)
+        now = time.monotonic()
+        nodes, states = [], Counter()
+        for rec in self.registry.nodes.values():
+            state = self.registry.state(rec)
+            states[state] += 1
+            tok, grp = last[2].get(rec.node_id, (0.0, 0.0))
+            nodes.append(NodeRow(rec.node_id, rec.name, state, rec.version_loaded, round3(tok), round3(grp),
+                                 round(rec.tokens_per_s, 1), rec.accepted_groups, round3(rec.accepted_groups / total),
+                                 dict(rec.refused), round(now - rec.last_seen, 2), rec.status_url))
+            self.m_node_tps.labels(rec.name).set(round3(tok))
+            self.m_node_version.labels(rec.name).set(rec.version_loaded)
+            self.m_node_age.labels(rec.name).set(round(now - rec.last_seen, 2))
         for st in ("healthy", "slow", "gone", "banned"):
             self.m_nodes.labels(st).set(states[st])
-        node_rates = self.rates(len(self.history) - 1, RATE_WINDOW_S)[2] if self.history else {}
-        for ns in self.nodes.values():
-            self.m_node_tps.labels(ns.name).set(round(node_rates.get(ns.node_id, (0.0, 0.0))[0], 3))
-            self.m_node_version.labels(ns.name).set(ns.version_loaded)
-            self.m_node_age.labels(ns.name).set(round(time.monotonic() - ns.last_seen, 2))
-        return Summary(self.run_dir, self.step, self.version, self.max_steps, round(self.elapsed(), 2), self.done,
-                       self.accepted_groups, self.trained_groups, dict(self.dropped), dict(self.refused),
-                       self.tokens, round(self.tokens_per_s(), 1), rows, self.steps, self.evals,
-                       self.audits, self.calibration.summary() if self.calibration else {},
-                       sorted(self.banned), round(self.audit_seconds, 3), self.quarantined, self.snapshots,
-                       None if self.first_work_at is None else round(max(0.0, self.first_work_at - self.t0), 3))
+        return dict(time=time.time(), step=self.step, max_steps=self.max_steps, version=self.version,
+                    elapsed_s=round(self.elapsed(), 2), done=self.done, accepted_groups=self.accepted_groups,
+                    trained_groups=self.trained_groups, tokens_generated=self.tokens, tokens_per_s=round3(last[0]),
+                    rollouts_per_s=round3(last[1]), refused=dict(self.refused), dropped=dict(self.dropped),
+                    lag_counts={str(k): v for k, v in sorted(self.lag_counts.items())}, nodes=nodes,
+                    tree=self.tree())
+
+    def overview(self, window_s: float = RATE_WINDOW_S) -> Overview:
+        return Overview(**self._figures(window_s))
+
+    def summary(self, window_s: float = RATE_WINDOW_S) -> Summary:
+        first = None if self.first_work_at is None else round(max(0.0, self.first_work_at - self.t0), 3)
+        return Summary(**self._figures(window_s), run_dir=self.run_dir, steps=self.steps, evals=self.evals,
+                       audits=self.audits,
+                       audit_calibration=self.calibration.summary() if self.calibration else {},
+                       banned=sorted(self.registry.banned), audit_seconds=round(self.audit_seconds, 3),
+                       quarantined=self.quarantined, snapshots=self.snapshots, first_work_s=first)
+
+
+def round3(x: float) -> float:
+    return round(x, 3)

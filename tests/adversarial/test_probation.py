@@ -1,21 +1,23 @@
-"""Probation verdicts of trainer/guard.py (no processes): release on a clean paired test, catch on an
-excess, release a node that is alone once it delivered its audited groups, never before."""
+"""Probation verdicts of trainer/guard.py and their effect in trainer/probation.py (no processes): release
+on a clean paired test, catch on an excess, release a node that is alone once it delivered its audited
+groups, never before."""
 
 from __future__ import annotations
 
 import random
 
 from trainer.guard import Guard, GuardConfig
+from trainer.probation import Probation
 
 
 def _guard(tmp_path) -> Guard:
-    g = Guard(tmp_path, GuardConfig(pair_z=4.0, pair_min=12))
-    g.begin_probation("new")
-    return g
+    return Guard(tmp_path, GuardConfig(pair_z=4.0, pair_min=12))
 
 
 def test_honest_pairs_release(tmp_path):
     g = _guard(tmp_path)
+    prob = Probation(g, probation_groups=16)
+    prob.begin("new")
     rng = random.Random(0)
     for i in range(11):
         p = rng.random()
@@ -25,14 +27,15 @@ def test_honest_pairs_release(tmp_path):
     g.pairs.add("i11", "old", 0.5)
     g.pairs.add("i11", "new", 0.5)
     assert g.probation_verdict("new", 16, has_partner=True) == "released"
-    g.release("new")
-    assert "new" not in g.probation and "new" in g.established
-    g.begin_probation("new")  # re-registering does not put an established key back on probation
-    assert "new" not in g.probation
-    again = Guard(tmp_path, GuardConfig())  # a restarted trainer remembers who was established
-    again.begin_probation("new")
-    again.begin_probation("other")
-    assert "new" in again.established and "new" not in again.probation and "other" in again.probation
+    review = prob.review(oldest=0, has_partner=lambda n: True)
+    assert list(review.released) == ["new"] and not review.caught
+    assert not prob.holds("new") and "new" in g.established
+    prob.begin("new")  # re-registering does not put an established key back on probation
+    assert not prob.holds("new")
+    again = Probation(Guard(tmp_path, GuardConfig()), 16)  # a restarted trainer remembers who was established
+    again.begin("new")
+    again.begin("other")
+    assert "new" in again.guard.established and not again.holds("new") and again.holds("other")
 
 
 def test_reward_excess_is_caught(tmp_path):
@@ -47,9 +50,7 @@ def test_reward_excess_is_caught(tmp_path):
 
 def test_alone_released_after_its_groups(tmp_path):
     g = _guard(tmp_path)
-    g.probation["new"] = 15
-    assert g.probation_verdict("new", 16, has_partner=False) is None
-    g.probation["new"] = 16
+    assert g.probation_verdict("new", 15, has_partner=False) is None
     assert g.probation_verdict("new", 16, has_partner=True) is None  # a partner exists: wait for pairs
     assert g.probation_verdict("new", 16, has_partner=False) == "released"
 
@@ -70,10 +71,11 @@ def test_a_middling_excess_keeps_probation_going(tmp_path):
 
 def test_trusted_keys_skip_probation_and_still_get_struck(tmp_path):
     g = Guard(tmp_path, GuardConfig(trusted=frozenset({"mine"}), strikes_to_ban=2))
-    g.begin_probation("mine")
-    g.begin_probation("stranger")
-    assert "mine" not in g.probation and g.is_established("mine")
-    assert "stranger" in g.probation and not g.is_established("stranger")
+    p = Probation(g, 16)
+    p.begin("mine")
+    p.begin("stranger")
+    assert not p.holds("mine") and g.is_established("mine")
+    assert p.holds("stranger") and not g.is_established("stranger")
     assert not (tmp_path / "established.json").exists()  # trust comes from the config, not the run's record
     assert not g.strike("mine", "logprob_mismatch") and g.strike("mine", "logprob_mismatch")
     assert g.admit("mine") == "banned"  # trusted is not above the audit
@@ -95,7 +97,6 @@ def test_release_bar_rises_with_evidence(tmp_path):
     assert g.probation_verdict("new", 16, has_partner=True) == "released"
 
     h = Guard(tmp_path / "h", GuardConfig(pair_z=4.0, pair_min=12))
-    h.begin_probation("cheat")
     rng = random.Random(3)
     verdicts = []
     for i in range(200):

@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from swarm import status
+from trainer.node_registry import NodeRegistry
 from trainer.stats import EvalRow, RunStats, StepRow
 from trainer.web.view import WebView
 
@@ -27,19 +28,19 @@ TREE = {"origin": "http://127.0.0.1:1", "trees": 1, "fanout": 4, "latest": 3, "v
 
 
 def scripted_stats() -> RunStats:
-    s = RunStats("runs/x", max_steps=50)
-    s.node(A, "n0")
-    s.node(B, "n1")
+    reg = NodeRegistry(heartbeat_s=2.0)
+    s = RunStats("runs/x", max_steps=50, registry=reg)
+    a, b = reg.register(A, "n0"), reg.register(B, "n1")
     s.sample(now=1000.0)
     for lag in (0, 0, 1):
-        s.accepted(A, 40, lag)
-    s.accepted(B, 20, 2)
-    s.refuse(B, "bad_logprob")
-    s.refuse(B, "bad_logprob")
-    s.refuse("c" * 64, "unassigned")  # a node the trainer never registered
+        s.accepted(a, 40, lag)
+    s.accepted(b, 20, 2)
+    s.refuse(b, "bad_logprob")
+    s.refuse(b, "bad_logprob")
+    s.refuse(None, "unassigned")  # a node the trainer never registered
     s.drop("stale")
     s.sample(now=1010.0)
-    s.banned.add(B)
+    reg.banned.add(B)
     s.step, s.version = 3, 3
     s.steps.append(StepRow(1, 1, 5.0, 0.5, 0.4, 4, 0, 0.25, 0.1, 0.0, 1.0))
     s.evals.append(EvalRow(0, 0.0, 0.3, 0.3))
@@ -55,7 +56,7 @@ def metrics(text: str) -> dict[tuple[str, tuple], float]:
 
 
 async def _with_client(fn, stats: RunStats, **kw):
-    view = WebView(stats, heartbeat_s=2.0, **kw)
+    view = WebView(stats, **kw)
     async with TestClient(TestServer(view.make_app())) as client:
         return await fn(client, view)
 
@@ -91,15 +92,16 @@ def test_view_json_has_the_known_counts_and_rates():
 
 
 def test_rates_window_and_late_joining_node():
-    s = RunStats("runs/x", 10)
-    s.node(A, "n0")
+    reg = NodeRegistry(heartbeat_s=2.0)
+    s = RunStats("runs/x", 10, reg)
+    a = reg.register(A, "n0")
     for t in range(0, 21):  # n0: 10 tokens and 1 group every second
         if t:
-            s.accepted(A, 10, 0)
+            s.accepted(a, 10, 0)
         if t == 15:
-            s.node(B, "n1")
+            reg.register(B, "n1")
         s.sample(now=100.0 + t)
-    v = WebView(s, 2.0, window_s=5.0).throughput()
+    v = WebView(s, window_s=5.0).throughput()
     assert v.tokens_per_s[0] == 0.0 and v.tokens_per_s[1] == 10.0 and v.tokens_per_s[-1] == 10.0
     assert v.nodes[B].tokens_per_s[:15] == [None] * 15 and v.nodes[B].tokens_per_s[15:] == [0.0] * 6
 
@@ -156,7 +158,7 @@ def test_event_stream_sends_a_snapshot_then_increments():
         kind, snap = await _next_event(resp)
         assert kind == "snapshot" and snap["throughput"]["t"] == [1000.0, 1010.0] and len(snap["steps"]) == 1
         stats.steps.append(StepRow(2, 2, 9.0, 0.6, 0.5, 4, 1, 0.5, 0.1, 0.0, 1.0))
-        stats.accepted(A, 30, 0)
+        stats.accepted(stats.registry.get(A), 30, 0)
         stats.sample(now=1011.0)
         await asyncio.sleep(0.1)  # let the stream reach its wait
         await view.notify()

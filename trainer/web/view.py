@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,44 +24,10 @@ from aiohttp import web
 
 from swarm_common.http import start_site
 from trainer.http_api import make_app
-from trainer.stats import RATE_WINDOW_S, EvalRow, RunStats, StepRow
+from trainer.stats import RATE_WINDOW_S, EvalRow, Overview, RunStats, StepRow, round3
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
-
-
-class NodeView(msgspec.Struct):
-    node_id: str
-    name: str
-    state: str  # healthy, slow, gone, banned
-    version_loaded: int
-    tokens_per_s: float  # accepted completion tokens/s over the rate window, measured by the trainer
-    rollouts_per_s: float  # accepted groups (one prompt's G completions) per second
-    reported_tokens_per_s: float  # what the node says its engine does (untrusted)
-    accepted_groups: int
-    share: float  # of all accepted groups
-    refused: dict[str, int]
-    last_heartbeat_age_s: float
-    status_url: str
-
-
-class Overview(msgspec.Struct):
-    time: float  # unix time of this view
-    step: int
-    max_steps: int
-    version: int
-    elapsed_s: float
-    done: bool
-    accepted_groups: int
-    trained_groups: int
-    tokens_generated: int
-    tokens_per_s: float
-    rollouts_per_s: float
-    refused: dict[str, int]
-    dropped: dict[str, int]
-    lag_counts: dict[str, int]  # accepted groups by version lag ("0", "1", ...)
-    nodes: list[NodeView]
-    tree: Any  # the relay tree (broadcast TreeView) or None
 
 
 class NodeSeries(msgspec.Struct):
@@ -100,14 +65,9 @@ class Tick(msgspec.Struct):
     evals: list[EvalRow]
 
 
-def _r(x: float) -> float:
-    return round(x, 3)
-
-
 class WebView:
-    def __init__(self, stats: RunStats, heartbeat_s: float, sample_s: float = 1.0,
-                 window_s: float = RATE_WINDOW_S):
-        self.stats, self.heartbeat_s = stats, heartbeat_s
+    def __init__(self, stats: RunStats, sample_s: float = 1.0, window_s: float = RATE_WINDOW_S):
+        self.stats = stats
         self.sample_s, self.window_s = sample_s, window_s
         self._tick = asyncio.Condition()
         self._closing = False
@@ -123,7 +83,7 @@ class WebView:
             return None
         i = i % len(h)
         tok, grp, nodes = self.stats.rates(i, self.window_s)
-        return Point(h[i].t, _r(tok), _r(grp), {n: (_r(a), _r(b)) for n, (a, b) in nodes.items()})
+        return Point(h[i].t, round3(tok), round3(grp), {n: (round3(a), round3(b)) for n, (a, b) in nodes.items()})
 
     def throughput(self) -> Throughput:
         h = self.stats.history
@@ -132,30 +92,14 @@ class WebView:
         for k, p in enumerate(pts):
             for n, (tok, grp) in p.nodes.items():
                 if n not in series:
-                    ns = self.stats.nodes.get(n)
+                    ns = self.stats.registry.get(n)
                     series[n] = NodeSeries(ns.name if ns else n[:8], [None] * len(pts), [None] * len(pts))
                 series[n].tokens_per_s[k], series[n].rollouts_per_s[k] = tok, grp
         return Throughput(self.window_s, [p.t for p in pts], [p.tokens_per_s for p in pts],
                           [p.rollouts_per_s for p in pts], series)
 
     def overview(self) -> Overview:
-        s = self.stats
-        last = self.point()
-        rates = last.nodes if last else {}
-        total = max(s.accepted_groups, 1)
-        now = time.monotonic()
-        nodes = [
-            NodeView(ns.node_id, ns.name, s.node_state(ns, self.heartbeat_s), ns.version_loaded,
-                     rates.get(ns.node_id, (0.0, 0.0))[0], rates.get(ns.node_id, (0.0, 0.0))[1],
-                     round(ns.tokens_per_s, 1), ns.accepted_groups, _r(ns.accepted_groups / total),
-                     dict(ns.refused), round(now - ns.last_seen, 2), ns.status_url)
-            for ns in s.nodes.values()
-        ]
-        return Overview(time.time(), s.step, s.max_steps, s.version, round(s.elapsed(), 2), s.done,
-                        s.accepted_groups, s.trained_groups, s.tokens,
-                        last.tokens_per_s if last else 0.0, last.rollouts_per_s if last else 0.0,
-                        dict(s.refused), dict(s.dropped), {str(k): v for k, v in sorted(s.lag_counts.items())},
-                        nodes, s.tree())
+        return self.stats.overview(self.window_s)
 
     def view(self) -> View:
         return View(self.overview(), self.throughput(), list(self.stats.steps), list(self.stats.evals))
@@ -199,7 +143,7 @@ class WebView:
             self.add_api(app)
             self.add_page(app)
 
-        return make_app(self.stats, self.heartbeat_s, extra)
+        return make_app(self.stats, extra)
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",

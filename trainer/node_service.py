@@ -1,0 +1,302 @@
+"""The trainer's node-facing service: a zmq ROUTER that registers nodes, hands out work and takes rollouts.
+
+Every frame is decoded, validated and its signature checked (swarm_common.protocol); a bad one gets an
+`Error` reply and a log line, and the loop goes on. The jobs are in their own modules: the hand-out and
+its pacing (trainer/work.py), the intake of submissions (trainer/submissions.py), probation and its
+quarantine (trainer/probation.py), the node registry (trainer/node_registry.py). This class owns them,
+dispatches messages to them, and carries out what a strike or a ban means across all of them.
+
+The trainer steers it through explicit calls: `begin_step()`, `end_step(version)`, `announce(version)`,
+`take_batch(n, oldest)`, `restore(...)`, `state()` and `close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import zmq
+import zmq.asyncio
+
+from rewards.base import Task, TaskItem
+from swarm_common import protocol as P
+from swarm_common.chat import encode_prompt
+from trainer.audit import Auditor
+from trainer.batch_buffer import BatchBuffer
+from trainer.checkpoint import TrainerState
+from trainer.config import RunConfig
+from trainer.guard import Guard
+from trainer.intake import Group, Limits
+from trainer.ledger import Ledger
+from trainer.node_registry import NodeRegistry
+from trainer.probation import Probation
+from trainer.stats import RunStats
+from trainer.submissions import Intake
+from trainer.work import WorkHandout
+
+log = logging.getLogger(__name__)
+
+# A work request that finds no room waits here this long at most (a long poll) and is answered as soon as
+# room opens: a node polling on a timer would idle up to a period each step, which on a fast step is most of it.
+PARK_S = 2.0
+
+
+class NodeService:
+    def __init__(self, cfg: RunConfig, task: Task, tokenizer, vocab_size: int, stats: RunStats,
+                 registry: NodeRegistry, manifest_url: Callable[[int], str], items: Iterator[TaskItem],
+                 tracker_url: str, trainer_key: str, guard: Guard, auditor: Auditor | None, ledger: Ledger):
+        self.cfg, self.stats, self.registry, self.guard, self.ledger = cfg, stats, registry, guard, ledger
+        self.manifest_url, self.tracker_url, self.trainer_key = manifest_url, tracker_url, trainer_key
+        t = cfg.train
+        self.sampling = P.SamplingSpec(n=t.group_size, max_tokens=t.max_tokens, temperature=t.temperature,
+                                       top_p=t.top_p)
+        self.work = WorkHandout(items, lambda text: encode_prompt(tokenizer, text, task.system_prompt),
+                                self.sampling, inflight_groups=t.inflight_groups, max_lag=t.max_lag,
+                                work_lag=t.work_lag, max_held=cfg.guard.max_held,
+                                duplicate_share=cfg.guard.duplicate_share,
+                                probation_groups=cfg.guard.probation_groups,
+                                assignment_timeout_s=cfg.server.assignment_timeout_s, seed=t.seed)
+        self.probation = Probation(guard, cfg.guard.probation_groups)
+        self.buffer = BatchBuffer()
+        limits = Limits(t.group_size, t.max_tokens, vocab_size, tokenizer.eos_token_id, t.max_lag,
+                        task.correct_metric)
+        self.intake = Intake(task, tokenizer, limits, self.work, guard, self.probation, self.buffer, auditor,
+                             stats, ledger.accepted, self._drop, t.dynamic_sampling)
+        self.work_changed = asyncio.Event()  # pulsed when room for work may have opened
+        self.parked: dict[str, asyncio.Task] = {}  # node id -> its work request waiting for room
+        self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
+        registry.banned.update(guard.bans)
+
+    # ---- the trainer's side ---------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self.work.version
+
+    def begin_step(self) -> None:
+        self.work.begin_step()
+
+    def end_step(self, version: int) -> None:
+        self.work.end_step(version)
+
+    def restore(self, version: int, st: TrainerState | None, pending: list[Group]) -> None:
+        """Start at published `version`; resuming (`st`), also the prompt cursor and the accepted groups not
+        trained on. Those of keys that had not passed probation go back to quarantine and wait for that
+        key's verdict, as before."""
+        self.work.version = self.work.newest = version
+        if st is None:
+            return
+        self.work.restore(st.items_drawn, st.retry, st.server_rng)
+        self.buffer.add([g for g in pending if self.guard.is_established(g.node_id)])
+        self.probation.restore([g for g in pending if not self.guard.is_established(g.node_id)])
+        self.stats.quarantined = len(self.probation.quarantine)
+        log.info("resume: %d accepted groups back in the buffer, %d in quarantine", len(self.buffer),
+                 len(self.probation.quarantine))
+
+    def state(self) -> tuple[int, list[TaskItem], str]:
+        return self.work.state()
+
+    async def take_batch(self, n: int, oldest: int | None = None) -> list[Group]:
+        """Wait for n accepted groups (oldest first), dropping any from versions before `oldest` (default:
+        the max_lag window behind the announced version; the learner may be a version ahead of it)."""
+        floor = (lambda: self.work.version - self.cfg.train.max_lag) if oldest is None else (lambda: oldest)
+        batch = await self.buffer.take(n, floor, lambda stale: self._drop(stale, "stale"))
+        self._pulse()
+        return batch
+
+    def close(self) -> list[Group]:
+        """The run is over: hand out no more work and accept no more groups (a group accepted now would
+        never be trained on). Returns what was accepted and is not trained on: the buffer and quarantine."""
+        self.work.closed = self.intake.closed = True
+        leftover = self.buffer.drain() + self.probation.take(lambda g: True)
+        self.stats.quarantined = 0
+        self._pulse()
+        return leftover
+
+    async def announce(self, version: int) -> None:
+        self.work.version = version
+        self._pulse()
+        notice = P.encode(P.VersionNotice(weights=self.weights_info()))
+        for node_id, ident in self.idents.items():
+            if node_id not in self.guard.bans:
+                await self.sock.send_multipart([ident, notice])
+
+    def weights_info(self) -> P.WeightsInfo:
+        return P.WeightsInfo(version=self.work.version, manifest_url=self.manifest_url(self.work.version))
+
+    # ---- serving ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        # zmq drops a peer that sends a larger message before we ever see it.
+        self.sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.server.max_message_bytes)
+        self.sock.bind(f"tcp://{self.cfg.server.host}:{self.cfg.server.port}")
+        self._task = asyncio.create_task(self._serve())
+        self._reaper = asyncio.create_task(self._expire_loop())
+
+    async def stop(self) -> None:
+        for t in (self._task, self._reaper, *self.parked.values()):
+            t.cancel()
+        self.sock.close(0)
+        self.ctx.term()
+
+    async def _serve(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            ident = frames[0]
+            try:
+                msg = P.decode_signed(frames[1:], self.cfg.server.max_message_bytes)
+                reply = await self.handle(ident, msg)
+            except P.ProtocolError as e:
+                log.warning("refused a message from %s: %s", ident.hex()[:12], e)
+                reply = P.Error(code=e.code, message=e.message)
+            except Exception as e:  # a bug must not take the service down; say so loudly
+                log.exception("error handling a message")
+                reply = P.Error(code="internal", message=type(e).__name__)
+            if reply is not None:
+                await self.sock.send_multipart([ident, P.encode(reply)])
+
+    async def handle(self, ident: bytes, msg: P.Message) -> P.Message | None:
+        """`msg` is a node message whose signature matches its node_id."""
+        refusal = self.guard.admit(msg.node_id)
+        if refusal:
+            return P.Error(code=refusal, message="this key may not take part")
+        if not self.guard.within_rate(msg.node_id):
+            self.stats.refuse(self.registry.get(msg.node_id), "rate_limited")
+            return P.Error(code="rate_limited", message="too many messages; slow down")
+        if isinstance(msg, P.Register):
+            return self._register(ident, msg)
+        rec = self.registry.get(msg.node_id)
+        if rec is None or self.idents.get(msg.node_id) != ident:
+            return P.Error(code="unknown_node", message="register first")
+        rec.last_seen = time.monotonic()
+        if isinstance(msg, P.Heartbeat):
+            rec.version_loaded, rec.tokens_per_s = msg.version_loaded, msg.tokens_per_s
+            return None
+        if isinstance(msg, P.WorkRequest):
+            rec.version_loaded = msg.version_loaded
+            reply = self._assign(msg)
+            if reply.assignments or msg.version_loaded < reply.min_version or msg.node_id in self.parked:
+                return reply  # work, or a newer version to load first: answer now
+            self.parked[msg.node_id] = asyncio.create_task(self._park(ident, msg))
+            return None
+        out = await self.intake.submit(rec, msg)
+        if out.fraud:
+            self._strike(msg.node_id, out.fraud)
+        if out.accepted:  # new shared prompts: this node's and its partners' verdicts may be in
+            self._review_probation()
+        self._pulse()  # refused work leaves room behind it, and probation may have released a node
+        return out.result
+
+    def _register(self, ident: bytes, msg: P.Register) -> P.Message:
+        if msg.protocol != P.PROTOCOL_VERSION:
+            return P.Error(code="protocol", message=f"trainer speaks protocol {P.PROTOCOL_VERSION}")
+        if not self.guard.fresh_register(msg.node_id, msg.time_ms):
+            return P.Error(code="stale_register", message="registration older than the last one, or clock off")
+        self.registry.register(msg.node_id, msg.name, msg.status_url)
+        self.idents[msg.node_id] = ident
+        self.probation.begin(msg.node_id)
+        log.info("node %s registered (%s)", msg.name, msg.node_id[:12])
+        return P.Registered(node_id=msg.node_id, weights=self.weights_info(), sampling=self.sampling,
+                            heartbeat_s=self.cfg.server.heartbeat_s, max_lag=self.cfg.train.max_lag,
+                            tracker_url=self.tracker_url, trainer_key=self.trainer_key)
+
+    # ---- work ----------------------------------------------------------------------------------------
+
+    def _room(self, node_id: str) -> int:
+        return self.work.room(node_id, len(self.buffer), self.probation.holds(node_id),
+                              self.probation.waiting(node_id))
+
+    def _assign(self, req: P.WorkRequest) -> P.WorkAssignment:
+        reply = self.work.assign(req, self._room(req.node_id), self.probation.holds(req.node_id),
+                                 self.weights_info())
+        if reply.assignments and self.stats.first_work_at is None:
+            self.stats.first_work_at = time.time()  # a node is up with weights: generation can begin
+        return reply
+
+    def _pulse(self) -> None:
+        """Wake parked work requests: the buffer, the held work or the version changed."""
+        self.work_changed.set()
+        self.work_changed.clear()
+
+    async def _park(self, ident: bytes, req: P.WorkRequest) -> None:
+        """Answer `req` once there is room for it, a new version is out, or PARK_S has passed."""
+        version, deadline = self.work.version, time.monotonic() + PARK_S
+        try:
+            while (left := deadline - time.monotonic()) > 0 and self.work.version == version:
+                try:
+                    async with asyncio.timeout(left):
+                        await self.work_changed.wait()
+                except TimeoutError:
+                    break
+                if self._room(req.node_id) > 0 and self.work.floor() <= self.work.version:
+                    break
+            refusal = self.guard.admit(req.node_id)
+            reply = P.Error(code=refusal, message="this key may not take part") if refusal else self._assign(req)
+            if not refusal and not reply.assignments:
+                reply.retry_after_s = 0.0  # it waited here already: ask again at once
+            await self.sock.send_multipart([ident, P.encode(reply)])
+        except zmq.ZMQError as e:
+            log.debug("could not answer a parked work request: %s", e)
+        finally:
+            self.parked.pop(req.node_id, None)
+
+    async def _expire_loop(self) -> None:
+        """Work past its deadline, or held by a node gone silent, goes back to the queue. Probation is
+        reviewed too: a node may be left alone when its partners go."""
+        while True:
+            await asyncio.sleep(min(1.0, self.registry.gone_after_s / 4))
+            n = self.work.expire(self.registry.gone())
+            if n:
+                log.info("re-queued %d expired assignments (or held by gone nodes)", n)
+            self._review_probation()
+            self._pulse()
+
+    # ---- consequences --------------------------------------------------------------------------------
+
+    def _drop(self, groups: list[Group], reason: str) -> None:
+        """Accepted groups that will never be trained on: counted, and said so in the ledger."""
+        if groups:
+            self.stats.drop(reason, len(groups))
+            self.ledger.dropped(groups, reason, self.stats.step)
+
+    def _review_probation(self) -> None:
+        """Release nodes the paired test cleared, drop and strike those it caught, drop what went stale."""
+        review = self.probation.review(self.work.version - self.cfg.train.max_lag, self.registry.has_live_other)
+        if review.stale:
+            self._drop(review.stale, "stale_in_quarantine")
+            log.info("dropped %d quarantined groups that went stale", len(review.stale))
+        for node_id, groups in review.released.items():
+            self.intake.to_buffer(groups)
+            n, z = self.guard.pairs.z(node_id)
+            log.info("node %s passed probation (%d shared prompts, z %.2f): %d groups released",
+                     node_id[:12], n, z, len(groups))
+        for node_id, groups in review.caught.items():
+            self._drop(groups, "cherry_picking")
+            for _ in groups:
+                self.stats.refuse(self.registry.get(node_id), "cherry_picking")
+            n, z = self.guard.pairs.z(node_id)
+            log.warning("node %s: reward excess over its partners on %d shared prompts (z %.1f): "
+                        "cherry-picking; %d quarantined groups dropped", node_id[:12], n, z, len(groups))
+            self._strike(node_id, "cherry_picking")
+        self.stats.quarantined = len(self.probation.quarantine)
+
+    def _strike(self, node_id: str, reason: str) -> None:
+        # A node on probation has earned no trust yet: a fraud drops everything it has in quarantine.
+        if self.probation.holds(node_id):
+            self._drop(self.probation.take(lambda g: g.node_id == node_id), "fraud_on_probation")
+            self.stats.quarantined = len(self.probation.quarantine)
+        if not self.guard.strike(node_id, reason):
+            log.warning("node %s: strike %d for %s; all its work is audited now", node_id[:12],
+                        self.guard.strikes[node_id], reason)
+            return
+        # Banned: its groups not yet trained on are dropped, its assignments go to others.
+        self._drop(self.probation.end(node_id), "fraud_on_probation")
+        self._drop(self.buffer.remove(lambda g: g.node_id == node_id), "banned_node")
+        self.work.take_back(node_id)
+        self.registry.banned.add(node_id)
+        log.warning("node %s banned after %d strikes (last: %s)", node_id[:12], self.guard.strikes[node_id], reason)

@@ -1,0 +1,149 @@
+"""Taking in a node's submission: the checks, the audit, the rewards, and where accepted groups go.
+
+A submission passes the structural checks of trainer/intake.py (pure functions), then (for a sampled
+share of groups, and every group of new or suspect nodes) the computation audit of trainer/audit.py,
+before any of it may enter the buffer the learner draws from. One lie taints the whole submission.
+Accepted groups are written to the ledger before the node hears "accepted"; a node on probation's go to
+the quarantine (trainer/probation.py), everyone else's to the learner's buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rewards.base import Task
+from swarm_common import protocol as P
+from trainer.audit import Auditor
+from trainer.batch_buffer import BatchBuffer
+from trainer.grpo import has_signal
+from trainer.guard import FRAUD, Guard
+from trainer.intake import Group, Held, Limits, check_rollout, check_version, score_group
+from trainer.node_registry import NodeRecord
+from trainer.probation import Probation
+from trainer.stats import RunStats
+from trainer.work import WorkHandout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    result: P.SubmissionResult
+    fraud: str | None  # the fraud that refused the submission, if any
+    accepted: int
+
+
+class Intake:
+    def __init__(self, task: Task, tokenizer, limits: Limits, work: WorkHandout, guard: Guard,
+                 probation: Probation, buffer: BatchBuffer, auditor: Auditor | None, stats: RunStats,
+                 on_accept: Callable[[Group], None], drop: Callable[[list[Group], str], None],
+                 dynamic_sampling: bool):
+        self.task, self.tok, self.limits = task, tokenizer, limits
+        self.work, self.guard, self.probation, self.buffer = work, guard, probation, buffer
+        self.auditor, self.stats = auditor, stats
+        self.on_accept, self.drop = on_accept, drop
+        self.dynamic_sampling = dynamic_sampling
+        self.closed = False  # the run is over: no group comes in
+
+    async def submit(self, rec: NodeRecord, sub: P.RolloutSubmission) -> Outcome:
+        verdicts, helds = self._check(sub)
+        if self.auditor is not None and not any(v in FRAUD for v in verdicts.values()):
+            await self._audit(rec, sub, verdicts, helds)
+        if self.closed:  # closed while this submission was checked or audited: refuse, not lose, the rest
+            verdicts = {aid: v or "run_ended" for aid, v in verdicts.items()}
+        fraud = next((v for v in verdicts.values() if v in FRAUD), None)
+        if fraud:  # one lie taints the whole submission: refuse all of it
+            verdicts = {aid: v or "submission_refused" for aid, v in verdicts.items()}
+        refused: dict[str, str] = {}
+        groups = []
+        for r in sub.rollouts:
+            reason, held = verdicts[r.assignment_id], helds.get(r.assignment_id)
+            if reason:
+                refused[r.assignment_id] = reason
+                self.stats.refuse(rec, reason)
+                if held is not None:
+                    self.work.requeue(held.item)
+                continue
+            groups.append(score_group(self.task, held, r.samples, sub.version, sub.node_id,
+                                      lambda ids: self.tok.decode(ids, skip_special_tokens=True), self.limits))
+        for g in groups:
+            self.guard.pairs.add(g.item.id, g.node_id, sum(g.rewards) / len(g.rewards))
+        on_probation = self.probation.holds(sub.node_id)
+        if groups and not on_probation and self.guard.cherry_picking(sub.node_id):
+            fraud = "cherry_picking"
+            for g in groups:
+                refused[g.assignment_id] = fraud
+                self.stats.refuse(rec, fraud)
+            groups = []
+        for g in groups:
+            self.on_accept(g)  # on disk before the node hears "accepted"
+            self.stats.accepted(rec, sum(len(s.token_ids) for s in g.samples), self.work.version - sub.version)
+        if on_probation:
+            self.probation.admit(sub.node_id, groups)
+        else:
+            self.to_buffer(groups)
+        if refused:
+            log.warning("node %s: refused %d of %d rollouts (%s)", rec.name, len(refused), len(sub.rollouts),
+                        ", ".join(sorted(set(refused.values()))))
+        accepted = [g.assignment_id for g in groups]
+        return Outcome(P.SubmissionResult(accepted=accepted, refused=refused), fraud, len(groups))
+
+    def _check(self, sub: P.RolloutSubmission) -> tuple[dict[str, str | None], dict[str, Held]]:
+        """The structural checks; every assignment answered is taken off the held list, well or not."""
+        version_reason = check_version(sub.version, self.work.version, self.limits)
+        now = time.monotonic()
+        verdicts: dict[str, str | None] = {}
+        helds: dict[str, Held] = {}
+        for r in sub.rollouts:
+            held = self.work.answered(r.assignment_id, sub.node_id)
+            if held is not None:
+                helds[r.assignment_id] = held
+            reason = version_reason or check_rollout(r, held, sub.node_id, sub.version, self.limits, now)
+            if reason == "unassigned" and self.work.was_expired(r.assignment_id):
+                reason = "late"  # an honest node that was too slow, not a forger
+            verdicts[r.assignment_id] = reason
+        return verdicts, helds
+
+    async def _audit(self, rec: NodeRecord, sub: P.RolloutSubmission, verdicts: dict[str, str | None],
+                     helds: dict[str, Held]) -> None:
+        """Re-score the groups that passed the checks (all of a suspect's or a new node's, a share of the
+        others'); a failed audit is written into `verdicts`."""
+        suspect = sub.node_id in self.guard.suspects or self.probation.holds(sub.node_id)
+        for r in sub.rollouts:
+            if verdicts[r.assignment_id] is not None or not self.auditor.should_audit(rec.accepted_groups, suspect):
+                continue
+            t0 = time.perf_counter()
+            try:
+                res = await asyncio.to_thread(self.auditor.audit, helds[r.assignment_id].prompt_ids, r.samples,
+                                              sub.version)
+            except Exception:  # our bug, not the node's lie: its prompt goes back to the queue
+                log.exception("the audit of %s from %s failed", r.assignment_id, rec.name)
+                verdicts[r.assignment_id] = "audit_error"
+                continue
+            self.stats.audited(time.perf_counter() - t0)
+            if res.reason == "unknown_version" and sub.version <= self.work.version:
+                # It was inside the window when checked and aged out during the audit: late, not a lie.
+                verdicts[r.assignment_id] = "stale"
+                continue
+            if res.reason:
+                log.warning("audit of %s from %s failed: %s (max |dlogp| %.4f, worst logp %.1f, "
+                            "smallest tail mass %.2g)", r.assignment_id, rec.name, res.reason,
+                            res.max_diff, res.worst_logprob, res.worst_tail)
+                verdicts[r.assignment_id] = res.reason
+                break
+
+    def to_buffer(self, groups: list[Group]) -> None:
+        """Accepted groups join the learner's buffer. With dynamic sampling (DAPO), a group whose samples
+        all scored the same does not: its advantages are all zero, so in a batch it would take the place
+        of a group that teaches something. The ledger records it as dropped, and its room goes back to
+        the nodes for new work."""
+        if self.dynamic_sampling:
+            flat = [g for g in groups if not has_signal(g.rewards)]
+            if flat:
+                groups = [g for g in groups if has_signal(g.rewards)]
+                self.drop(flat, "zero_advantage")
+        self.buffer.add(groups)

@@ -1,0 +1,158 @@
+"""Handing out work, paced: which prompt goes to which node, how much, and with which policy version.
+
+No more than `inflight_groups` groups are assigned or waiting for the learner at once, so little work
+goes stale. Work not answered in time goes back to the front of the queue for someone else. Some
+prompts (all of a node on probation's) go to two nodes, for the paired reward test (trainer/guard.py).
+
+The pacing follows the learner through two calls of the trainer's: `begin_step()` when a step starts
+making version newest + 1, `end_step(version)` when it is made (before it is published).
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+from rewards.base import TaskItem
+from swarm_common import protocol as P
+from trainer.checkpoint import restore_rng, rng_state
+from trainer.intake import Held
+
+
+class WorkHandout:
+    def __init__(self, items: Iterator[TaskItem], encode: Callable[[str], list[int]], sampling: P.SamplingSpec,
+                 *, inflight_groups: int, max_lag: int, work_lag: int, max_held: int, duplicate_share: float,
+                 probation_groups: int, assignment_timeout_s: float, seed: int):
+        self.items, self.encode, self.sampling = items, encode, sampling
+        self.inflight_groups, self.max_lag, self.work_lag = inflight_groups, max_lag, work_lag
+        self.max_held, self.duplicate_share = max_held, duplicate_share
+        self.probation_groups, self.assignment_timeout_s = probation_groups, assignment_timeout_s
+        self.rng = random.Random(seed + 17)
+        self.retry: collections.deque[TaskItem] = collections.deque()  # prompts whose work expired
+        self.dups: collections.deque[tuple[TaskItem, str]] = collections.deque()  # (prompt, first node)
+        self.held: dict[str, Held] = {}
+        self.expired: collections.OrderedDict[str, None] = collections.OrderedDict()  # recently expired ids
+        self.items_drawn = 0
+        self.version = 0  # the newest version announced to nodes
+        self.newest = 0  # the newest version the learner has made (announced, or being published)
+        self.training = False  # a learner step is making version newest + 1
+        self.closed = False  # the run is over: no work out
+
+    # ---- the learner's side -----------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """A step is making version newest + 1: work handed out from now on is trained on from it."""
+        self.training = True
+
+    def end_step(self, version: int) -> None:
+        """The step made `version` (being published now): with work_lag 0 new work waits for it."""
+        self.newest, self.training = version, False
+
+    def state(self) -> tuple[int, list[TaskItem], str]:
+        """(prompts drawn, prompts to hand out again, the RNG) for a checkpoint: held work counts as unanswered."""
+        return self.items_drawn, list(self.retry) + [h.item for h in self.held.values()], rng_state(self.rng)
+
+    def restore(self, items_drawn: int, retry: list[TaskItem], rng: str) -> None:
+        self.items_drawn = items_drawn
+        self.retry.extend(retry)
+        restore_rng(self.rng, rng)
+
+    # ---- handing out --------------------------------------------------------------------------------
+
+    def floor(self) -> int:
+        """The oldest policy new work may be generated with: within max_lag of the announced version and
+        within work_lag of the newest the learner has made. Above self.version, work waits for an announcement.
+
+        While a step is making version newest + 1, work handed out now can only be trained on from that
+        version on: anything older than newest + 1 - max_lag would be dropped as stale on arrival. With
+        max_lag 0 (on-policy) this keeps the nodes idle during a step instead of generating batches that
+        are thrown away (and that take CPU from the learner on a shared machine)."""
+        trained_from = self.newest + 1 if self.training else self.newest
+        return max(0, self.version - self.max_lag, self.newest - self.work_lag, trained_from - self.max_lag)
+
+    def held_by(self, node_id: str) -> int:
+        return sum(1 for h in self.held.values() if h.node_id == node_id)
+
+    def room(self, node_id: str, waiting: int, on_probation: bool, quarantined: int) -> int:
+        """How many more groups `node_id` may be assigned now, with `waiting` accepted groups not yet
+        trained on in all and `quarantined` of this node's waiting for its probation verdict."""
+        if self.closed:
+            return 0
+        mine = self.held_by(node_id)
+        room = min(self.inflight_groups - len(self.held) - waiting, self.max_held - mine)
+        if on_probation:
+            # On probation a node has at most probation_groups out or waiting in quarantine at once.
+            room = min(room, self.probation_groups - mine - quarantined)
+        return room
+
+    def assign(self, req: P.WorkRequest, room: int, on_probation: bool, weights: P.WeightsInfo) -> P.WorkAssignment:
+        floor = self.floor()
+        min_version = min(floor, self.version)  # what the node must load before it asks again
+        n = min(req.max_prompts, room) if req.version_loaded >= floor else 0
+        out = []
+        deadline = time.monotonic() + self.assignment_timeout_s
+        for _ in range(max(n, 0)):
+            item = self._next_item(req.node_id, on_probation)
+            aid = uuid.uuid4().hex[:16]
+            ids = self.encode(item.prompt)
+            self.held[aid] = Held(aid, req.node_id, item, ids, self.version, deadline)
+            out.append(P.Assignment(assignment_id=aid, prompt_token_ids=ids))
+        return P.WorkAssignment(weights=weights, min_version=min_version, assignments=out, sampling=self.sampling,
+                                retry_after_s=0.0 if out else 0.25)
+
+    def _next_item(self, node_id: str, on_probation: bool) -> TaskItem:
+        # A prompt another node already has comes first: the paired reward test needs shared prompts, and a
+        # node on probation waits for them.
+        for i, (item, first) in enumerate(self.dups):
+            if first != node_id:
+                del self.dups[i]
+                return item
+        if self.retry:
+            item = self.retry.popleft()
+        else:
+            self.items_drawn += 1
+            item = next(self.items)
+        # Every prompt of a node on probation is shared; an established node's now and then.
+        if on_probation or self.rng.random() < self.duplicate_share:
+            self.dups.append((item, node_id))
+            while len(self.dups) > 4 * max(64, self.probation_groups):
+                self.dups.popleft()
+        return item
+
+    # ---- answers and expiry ---------------------------------------------------------------------------
+
+    def answered(self, assignment_id: str, node_id: str) -> Held | None:
+        """The assignment `node_id` answers, taken off the held list (answered, well or not: never again);
+        None when this node holds no such assignment."""
+        held = self.held.get(assignment_id)
+        if held is None or held.node_id != node_id:
+            return None
+        return self.held.pop(assignment_id)
+
+    def was_expired(self, assignment_id: str) -> bool:
+        return assignment_id in self.expired
+
+    def requeue(self, item: TaskItem) -> None:
+        """The prompt goes to someone else."""
+        self.retry.append(item)
+
+    def take_back(self, node_id: str) -> None:
+        """Everything `node_id` holds goes to others (it was banned)."""
+        for aid in [a for a, h in self.held.items() if h.node_id == node_id]:
+            self.retry.append(self.held.pop(aid).item)
+
+    def expire(self, gone: set[str]) -> int:
+        """Work past its deadline, or held by a node gone silent, goes back to the queue; a late answer
+        is refused as `late`. Returns how many."""
+        now = time.monotonic()
+        late = [h for h in self.held.values() if h.deadline < now or h.node_id in gone]
+        for h in late:
+            del self.held[h.assignment_id]
+            self.retry.append(h.item)
+            self.expired[h.assignment_id] = None
+        while len(self.expired) > 10_000:
+            self.expired.popitem(last=False)
+        return len(late)
