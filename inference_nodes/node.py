@@ -15,6 +15,7 @@ import logging
 import socket
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import msgspec
 import zmq
@@ -22,6 +23,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from broadcast.peer import Peer
+from swarm_common import proof_of_work
 from swarm_common import protocol as P
 from swarm_common.chat import encode_prompt
 from swarm_common.http import start_site
@@ -46,8 +48,12 @@ class Node:
         relay: bool = True,
         relay_host: str = "127.0.0.1",
         relay_port: int = 0,
+        invite: str = "",
     ):
         self.trainer = trainer if "://" in trainer else f"tcp://{trainer}"
+        # The host we reach the trainer at: it tells us the tracker is there too, unless it knows better.
+        self.trainer_host = urlsplit(self.trainer).hostname or ""
+        self.invite = invite
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.key = KeyPair.load_or_create(self.data_dir / "node.key")
@@ -181,10 +187,14 @@ class Node:
         return None
 
     async def _register(self) -> P.Registered:
+        pow_bits, backoff = 0, 1.0
         while not self._stop.is_set():
+            time_ms = int(time.time() * 1000)
+            nonce = await asyncio.to_thread(proof_of_work.solve, self.node_id, time_ms, pow_bits) if pow_bits else 0
             reply = await self._request(
-                P.Register(node_id=self.node_id, name=self.name, time_ms=int(time.time() * 1000),
-                           max_prompts=self.max_prompts, status_url=self.status_url),
+                P.Register(node_id=self.node_id, name=self.name, time_ms=time_ms, max_prompts=self.max_prompts,
+                           status_url=self.status_url, trainer_host=self.trainer_host, pow_nonce=nonce,
+                           invite=self.invite),
                 P.Registered,
             )
             if isinstance(reply, P.Registered):
@@ -192,8 +202,16 @@ class Node:
                 if self.latest is None or reply.weights.version > self.latest.version:
                     self.latest = reply.weights
                 return reply
-            log.info("trainer at %s not answering yet; retrying", self.trainer)
-            await asyncio.sleep(1.0)
+            if isinstance(reply, P.Error) and reply.code == "pow_required" and 0 < reply.pow_bits <= 32:
+                pow_bits = reply.pow_bits  # the trainer asks for a proof of work: solve it and ask again
+                log.info("the trainer asks for a %d-bit proof of work to register; solving it", pow_bits)
+                continue
+            if isinstance(reply, P.Error) and reply.code in ("invite_required", "banned", "not_allowed"):
+                log.error("the trainer refuses this node: %s", reply.message)
+            else:
+                log.info("trainer at %s not answering yet; retrying in %.0fs", self.trainer, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
         raise asyncio.CancelledError
 
     async def _heartbeats(self) -> None:
@@ -284,6 +302,8 @@ class Node:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
         self.sock.connect(self.trainer)
+        print(f"node key {self.node_id} (fingerprint {self.key.fingerprint}); the operator of a run may trust "
+              f"it with: swarm train --trust {self.node_id}", flush=True)
         runner = await self._status_app()
         tasks = []
         try:

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from swarm.flags import run_overrides
+from swarm_common.keys import KeyPair
 from trainer.config import RunConfig, dump_config, load_config
 
 
@@ -82,6 +83,9 @@ def run_demo(args) -> int:
     # The ports are picked below (free ones when the defaults are taken), not passed through as overrides.
     flags = argparse.Namespace(**{**vars(args), "port": None, "http_port": None, "web_port": None})
     cfg = load_config(args.config, [*run_overrides(flags), f"train.max_minutes={args.minutes}"])
+    # The demo's nodes are the operator's own: trusted, so they train without probation.
+    node_dirs = [Path(cfg.run_dir) / f"node{i}" for i in range(args.nodes)]
+    cfg.guard.trusted = cfg.guard.trusted | {KeyPair.load_or_create(d / "node.key").public_hex for d in node_dirs}
     # Pick free ports when the defaults are taken, so a second demo or a stale process cannot collide.
     if args.port is None and not _port_free(cfg.server.port):
         cfg.server.port = free_port()
@@ -128,7 +132,7 @@ def run_demo(args) -> int:
             logs.append(log)
             procs.append(subprocess.Popen(
                 [*py, "node", "--trainer", f"tcp://127.0.0.1:{cfg.server.port}", "--data-dir",
-                 str(run_dir / f"node{i}"), "--name", f"node{i}", "--seed", str(i)],
+                 str(node_dirs[i]), "--name", f"node{i}", "--seed", str(i)],
                 stdout=log, stderr=subprocess.STDOUT, env=node_env))
         url = f"http://127.0.0.1:{cfg.server.http_port}/api/summary"
         last_print = 0.0

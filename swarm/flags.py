@@ -25,6 +25,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--web-port", type=int, help="port of the live web view on server.web_host "
                    "(default 8265; 0: any free port, -1: none)")
     p.add_argument("--max-steps", type=int, help="optimizer steps to run")
+    p.add_argument("--trust", action="append", metavar="KEY", help="a node key (64 hex chars, as `swarm node` "
+                   "prints it) of a node you run yourself: no probation, and new nodes can be paired with it "
+                   "(config: guard.trusted; repeat for several)")
 
 
 def run_overrides(args: argparse.Namespace) -> list[str]:
@@ -34,6 +37,8 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f'{key}="{value}"' if isinstance(value, str) else f"{key}={value}")
+    if getattr(args, "trust", None):
+        overrides.append("guard.trusted=[" + ",".join(f'"{k.strip()}"' for k in args.trust) + "]")
     return overrides
 
 
@@ -61,6 +66,8 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-prompt", default="3+5+8",
                    help="prompt completed greedily after each weight load, shown on the status page")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the engine")
+    p.add_argument("--invite", default="", help="an invite token from the run's operator, for runs that admit "
+                   "new nodes by invite only (guard.invites)")
 
 
 def add_relay_flags(p: argparse.ArgumentParser) -> None:

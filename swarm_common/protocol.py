@@ -46,6 +46,9 @@ class Register(msgspec.Struct, tag="register", forbid_unknown_fields=True):
     max_prompts: int = DEFAULT_MAX_PROMPTS  # how many prompts the node wants per work request
     relay: bool = True
     status_url: str = ""  # where the node's own status page is, if it serves one
+    trainer_host: str = ""  # the host this node reached the trainer at (the tracker is told to it there)
+    pow_nonce: int = 0  # proof of work, when the trainer asks for one (swarm_common/proof_of_work.py)
+    invite: str = ""  # an operator's invite token, when the trainer asks for one
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", forbid_unknown_fields=True):
@@ -146,6 +149,7 @@ class NodeStatus(msgspec.Struct, forbid_unknown_fields=True):
 class Error(msgspec.Struct, tag="error", forbid_unknown_fields=True):
     code: str
     message: str
+    pow_bits: int = 0  # with code "pow_required": the proof of work Register must carry
 
 
 Message = (
@@ -200,6 +204,11 @@ def decode_signed(frames: list[bytes], max_bytes: int = MAX_MESSAGE_BYTES) -> Me
     return msg
 
 
+def is_host(s: str) -> bool:
+    """A plain host name, IPv4 or bracket-less IPv6 address: nothing that could smuggle a path or a port."""
+    return 0 < len(s) <= 253 and all(c.isalnum() or c in ".-:" for c in s) and s.isascii()
+
+
 def _is_key(s: str) -> bool:
     return len(s) == 64 and all(c in "0123456789abcdef" for c in s)
 
@@ -223,6 +232,9 @@ def validate(msg: Message) -> None:
         _check(len(msg.name) <= MAX_ID_LEN, "name too long")
         _check(1 <= msg.max_prompts <= 1024, "max_prompts must be in 1..1024")
         _check(len(msg.status_url) <= 512, "status_url too long")
+        _check(is_host(msg.trainer_host) or not msg.trainer_host, "trainer_host must be a host name or address")
+        _check(0 <= msg.pow_nonce < 2**64, "pow_nonce must be in 0..2**64-1")
+        _check(len(msg.invite) <= MAX_ID_LEN and msg.invite.isprintable(), "invite too long")
     elif isinstance(msg, Heartbeat):
         _short_id(msg.node_id, "node_id")
         _check(msg.version_loaded >= -1, "version_loaded must be >= -1")

@@ -83,7 +83,10 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address every listener binds (0.0.0.0: all interfaces)
+    # The address nodes reach this machine at, when it is not the one they dialled (a NAT, a floating IP,
+    # a DNS name). Empty: each node is told the tracker is at the host it reached the node port at.
+    public_host: str = ""
     port: int = 5555  # zmq ROUTER for nodes
     http_port: int = 5556  # /api and /metrics
     web_port: int = 8265  # the live web view (0: any free port, -1: none); its /api is on http_port too

@@ -58,6 +58,27 @@ class GuardConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # A new key's groups wait in quarantine, its prompts all shared with another node, until pair_min shared
     # prompts clear it of cherry-picking (or, when it is alone, until it delivered this many audited groups).
     probation_groups: int = 16
+    # Without an established or trusted node to be paired with, a node on probation stays on it (audited,
+    # its groups in quarantine): two new keys pairing with each other could be one cheater's. True releases
+    # a node that delivered probation_groups audited groups with no established partner live (a lab).
+    release_unpaired: bool = False
+    # Work share is earned. A key with no accepted work may hold new_key_held assignments; each accepted
+    # group adds one (up to max_held), each expiry halves it. Keys that are not established hold together
+    # at most new_keys_share of train.inflight_groups (held or waiting in quarantine), so established nodes
+    # always have room for a batch.
+    new_key_held: int = 2
+    new_keys_share: float = 0.25
+    expiries_to_pause: int = 2  # expiries in a row (no accepted group between) that pause a key ...
+    pause_s: float = 60.0  # ... for this long
+    expiries_to_drop: int = 4  # ... and that drop its registration (it must register again)
+    # Registrations per second per source address (a token bucket of register_burst).
+    register_rate: float = 0.2
+    register_burst: int = 10
+    # Admission cost for open runs: a Register must carry a proof of work of this many leading zero bits
+    # (sha256 of key, time and nonce; 20 bits is about a second of one core), and/or one of these invite
+    # tokens (each binds to the first key that uses it). 0 and [] admit anyone.
+    register_pow_bits: int = 0
+    invites: list[str] = []
 
     def __post_init__(self) -> None:
         self.allowlist = frozenset(k.lower() for k in self.allowlist)
@@ -162,8 +183,8 @@ class Guard:
             if z <= self.cfg.pair_release_z * math.sqrt(n / self.cfg.pair_min):
                 return "released"
             return None  # not clean enough to release, not enough to convict: more shared prompts
-        if not has_partner and delivered >= self.cfg.probation_groups:
-            return "released"  # nobody to compare with; every one of its groups passed the audit
+        if not has_partner and self.cfg.release_unpaired and delivered >= self.cfg.probation_groups:
+            return "released"  # nobody to compare with, and the operator accepts that; all its groups audited
         return None
 
     def establish(self, node_id: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -48,8 +49,8 @@ class NodeRegistry:
         now = time.monotonic()
         return {n for n, r in self.nodes.items() if now - r.last_seen > self.gone_after_s}
 
-    def has_live_other(self, node_id: str) -> bool:
-        """Is there another live, unbanned node (one this node's prompts could be shared with)?"""
+    def has_live_other(self, node_id: str, pred: Callable[[str], bool] = lambda n: True) -> bool:
+        """Is there another live, unbanned node, for which `pred` holds?"""
         now = time.monotonic()
-        return any(n != node_id and n not in self.banned and now - r.last_seen <= self.gone_after_s
+        return any(n != node_id and n not in self.banned and now - r.last_seen <= self.gone_after_s and pred(n)
                    for n, r in self.nodes.items())

@@ -23,6 +23,7 @@ import zmq.asyncio
 from rewards.base import Task, TaskItem
 from swarm_common import protocol as P
 from swarm_common.chat import encode_prompt
+from trainer.admission import Admission
 from trainer.audit import Auditor
 from trainer.batch_buffer import BatchBuffer
 from trainer.checkpoint import TrainerState
@@ -35,6 +36,7 @@ from trainer.probation import Probation
 from trainer.stats import RunStats
 from trainer.submissions import Intake
 from trainer.work import WorkHandout
+from trainer.work_share import WorkShare
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,9 @@ class NodeService:
                                 duplicate_share=cfg.guard.duplicate_share,
                                 probation_groups=cfg.guard.probation_groups,
                                 assignment_timeout_s=cfg.server.assignment_timeout_s, seed=t.seed)
+        self.work.established = guard.is_established
+        self.share = WorkShare(cfg.guard, t.inflight_groups)
+        self.admission = Admission(cfg.run_dir, cfg.guard)
         self.probation = Probation(guard, cfg.guard.probation_groups)
         self.buffer = BatchBuffer()
         limits = Limits(t.group_size, t.max_tokens, vocab_size, tokenizer.eos_token_id, t.max_lag,
@@ -67,6 +72,7 @@ class NodeService:
         self.work_changed = asyncio.Event()  # pulsed when room for work may have opened
         self.parked: dict[str, asyncio.Task] = {}  # node id -> its work request waiting for room
         self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
+        self._warned_unpaired = -1e9
         registry.banned.update(guard.bans)
 
     # ---- the trainer's side ---------------------------------------------------------------------------
@@ -85,7 +91,7 @@ class NodeService:
         """Start at published `version`; resuming (`st`), also the prompt cursor and the accepted groups not
         trained on. Those of keys that had not passed probation go back to quarantine and wait for that
         key's verdict, as before."""
-        self.work.version = self.work.newest = version
+        self.work.start_at(version)
         if st is None:
             return
         self.work.restore(st.items_drawn, st.retry, st.server_rng)
@@ -109,14 +115,15 @@ class NodeService:
     def close(self) -> list[Group]:
         """The run is over: hand out no more work and accept no more groups (a group accepted now would
         never be trained on). Returns what was accepted and is not trained on: the buffer and quarantine."""
-        self.work.closed = self.intake.closed = True
+        self.work.close()
+        self.intake.close()
         leftover = self.buffer.drain() + self.probation.take(lambda g: True)
         self.stats.quarantined = 0
         self._pulse()
         return leftover
 
     async def announce(self, version: int) -> None:
-        self.work.version = version
+        self.work.announce(version)
         self._pulse()
         notice = P.encode(P.VersionNotice(weights=self.weights_info()))
         for node_id, ident in self.idents.items():
@@ -146,11 +153,12 @@ class NodeService:
 
     async def _serve(self) -> None:
         while True:
-            frames = await self.sock.recv_multipart()
-            ident = frames[0]
+            frames = await self.sock.recv_multipart(copy=False)
+            ident = frames[0].bytes
             try:
-                msg = P.decode_signed(frames[1:], self.cfg.server.max_message_bytes)
-                reply = await self.handle(ident, msg)
+                source = frames[1].get("Peer-Address") if len(frames) > 1 else ""
+                msg = P.decode_signed([f.bytes for f in frames[1:]], self.cfg.server.max_message_bytes)
+                reply = await self.handle(ident, msg, source)
             except P.ProtocolError as e:
                 log.warning("refused a message from %s: %s", ident.hex()[:12], e)
                 reply = P.Error(code=e.code, message=e.message)
@@ -160,8 +168,8 @@ class NodeService:
             if reply is not None:
                 await self.sock.send_multipart([ident, P.encode(reply)])
 
-    async def handle(self, ident: bytes, msg: P.Message) -> P.Message | None:
-        """`msg` is a node message whose signature matches its node_id."""
+    async def handle(self, ident: bytes, msg: P.Message, source: str = "") -> P.Message | None:
+        """`msg` is a node message whose signature matches its node_id; `source` is the address it came from."""
         refusal = self.guard.admit(msg.node_id)
         if refusal:
             return P.Error(code=refusal, message="this key may not take part")
@@ -169,7 +177,7 @@ class NodeService:
             self.stats.refuse(self.registry.get(msg.node_id), "rate_limited")
             return P.Error(code="rate_limited", message="too many messages; slow down")
         if isinstance(msg, P.Register):
-            return self._register(ident, msg)
+            return self._register(ident, msg, source)
         rec = self.registry.get(msg.node_id)
         if rec is None or self.idents.get(msg.node_id) != ident:
             return P.Error(code="unknown_node", message="register first")
@@ -185,6 +193,7 @@ class NodeService:
             self.parked[msg.node_id] = asyncio.create_task(self._park(ident, msg))
             return None
         out = await self.intake.submit(rec, msg)
+        self.share.accepted(msg.node_id, out.accepted, self.guard.is_established(msg.node_id))
         if out.fraud:
             self._strike(msg.node_id, out.fraud)
         if out.accepted:  # new shared prompts: this node's and its partners' verdicts may be in
@@ -192,9 +201,17 @@ class NodeService:
         self._pulse()  # refused work leaves room behind it, and probation may have released a node
         return out.result
 
-    def _register(self, ident: bytes, msg: P.Register) -> P.Message:
+    def _register(self, ident: bytes, msg: P.Register, source: str) -> P.Message:
         if msg.protocol != P.PROTOCOL_VERSION:
             return P.Error(code="protocol", message=f"trainer speaks protocol {P.PROTOCOL_VERSION}")
+        established = self.guard.is_established(msg.node_id)
+        if not established and not self.admission.register_allowed(source):
+            self.stats.refuse(None, "register_rate")
+            return P.Error(code="rate_limited", message=f"too many registrations from {source}; slow down")
+        refusal = self.admission.check(msg, established)
+        if refusal is not None:
+            self.stats.refuse(None, refusal.code)
+            return refusal
         if not self.guard.fresh_register(msg.node_id, msg.time_ms):
             return P.Error(code="stale_register", message="registration older than the last one, or clock off")
         self.registry.register(msg.node_id, msg.name, msg.status_url)
@@ -203,13 +220,28 @@ class NodeService:
         log.info("node %s registered (%s)", msg.name, msg.node_id[:12])
         return P.Registered(node_id=msg.node_id, weights=self.weights_info(), sampling=self.sampling,
                             heartbeat_s=self.cfg.server.heartbeat_s, max_lag=self.cfg.train.max_lag,
-                            tracker_url=self.tracker_url, trainer_key=self.trainer_key)
+                            tracker_url=self._tracker_url_for(msg), trainer_key=self.trainer_key)
+
+    def _tracker_url_for(self, msg: P.Register) -> str:
+        """Where this node reaches the tracker: the operator's public address, else the host the node
+        reached this trainer at (the tracker listens beside the node port), else the address it binds."""
+        host = self.cfg.server.public_host or msg.trainer_host
+        if not host:
+            return self.tracker_url
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.cfg.server.tracker_port}"
 
     # ---- work ----------------------------------------------------------------------------------------
 
     def _room(self, node_id: str) -> int:
-        return self.work.room(node_id, len(self.buffer), self.probation.holds(node_id),
+        """How many more groups `node_id` may be assigned: the pacing's room, within its earned share."""
+        room = self.work.room(node_id, len(self.buffer), self.probation.holds(node_id),
                               self.probation.waiting(node_id))
+        established = self.guard.is_established(node_id)
+        room = min(room, self.share.allowance(node_id, established) - self.work.held_by(node_id))
+        if not established:  # keys that are not established share a small part of the in-flight groups
+            newcomers = sum(1 for h in self.work.held.values() if not self.guard.is_established(h.node_id))
+            room = min(room, self.share.newcomer_cap - newcomers)
+        return room
 
     def _assign(self, req: P.WorkRequest) -> P.WorkAssignment:
         reply = self.work.assign(req, self._room(req.node_id), self.probation.holds(req.node_id),
@@ -250,11 +282,25 @@ class NodeService:
         reviewed too: a node may be left alone when its partners go."""
         while True:
             await asyncio.sleep(min(1.0, self.registry.gone_after_s / 4))
-            n = self.work.expire(self.registry.gone())
-            if n:
-                log.info("re-queued %d expired assignments (or held by gone nodes)", n)
+            late = self.work.expire(self.registry.gone())
+            if late:
+                log.info("re-queued %d expired assignments (or held by gone nodes)", len(late))
+            for node_id in {h.node_id for h in late}:  # one expiry event per node and sweep
+                self._expired(node_id)
             self._review_probation()
             self._pulse()
+
+    def _expired(self, node_id: str) -> None:
+        """One of `node_id`'s assignments expired: its share shrinks; one whose work keeps expiring is
+        paused, then its registration dropped (a fresh registration starts it over as a new key)."""
+        action = self.share.expired(node_id, self.guard.is_established(node_id))
+        if action == "pause":
+            log.warning("node %s: its work keeps expiring; no new work for %.0fs", node_id[:12],
+                        self.cfg.guard.pause_s)
+        elif action == "drop" and self.idents.pop(node_id, None) is not None:
+            self.work.take_back(node_id)
+            self.stats.refuse(self.registry.get(node_id), "work_expired")
+            log.warning("node %s: dropped (its work kept expiring); it must register again", node_id[:12])
 
     # ---- consequences --------------------------------------------------------------------------------
 
@@ -266,7 +312,7 @@ class NodeService:
 
     def _review_probation(self) -> None:
         """Release nodes the paired test cleared, drop and strike those it caught, drop what went stale."""
-        review = self.probation.review(self.work.version - self.cfg.train.max_lag, self.registry.has_live_other)
+        review = self.probation.review(self.work.version - self.cfg.train.max_lag, self._has_partner)
         if review.stale:
             self._drop(review.stale, "stale_in_quarantine")
             log.info("dropped %d quarantined groups that went stale", len(review.stale))
@@ -284,6 +330,23 @@ class NodeService:
                         "cherry-picking; %d quarantined groups dropped", node_id[:12], n, z, len(groups))
             self._strike(node_id, "cherry_picking")
         self.stats.quarantined = len(self.probation.quarantine)
+        self._warn_unpaired()
+
+    def _warn_unpaired(self) -> None:
+        """Say so, once a minute, when new nodes wait on probation with nobody to be paired with."""
+        waiting = [n for n in self.probation.delivered if not self._has_partner(n)]
+        if not waiting or self.cfg.guard.release_unpaired or time.monotonic() < self._warned_unpaired + 60:
+            return
+        self._warned_unpaired = time.monotonic()
+        log.warning("%d node(s) on probation and no established or trusted node to pair them with: their %d "
+                    "groups wait in quarantine and nothing trains. Run a node of your own and trust its key "
+                    "(swarm train --trust KEY, or guard.trusted), or accept unpaired nodes after "
+                    "guard.probation_groups audited groups (--set guard.release_unpaired=true).",
+                    len(waiting), len(self.probation.quarantine))
+
+    def _has_partner(self, node_id: str) -> bool:
+        """Is a live established (or trusted) node there to be paired with `node_id`?"""
+        return self.registry.has_live_other(node_id, self.guard.is_established)
 
     def _strike(self, node_id: str, reason: str) -> None:
         # A node on probation has earned no trust yet: a fraud drops everything it has in quarantine.

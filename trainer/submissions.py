@@ -49,6 +49,10 @@ class Intake:
         self.dynamic_sampling = dynamic_sampling
         self.closed = False  # the run is over: no group comes in
 
+    def close(self) -> None:
+        """The run is over: whatever arrives from now on is refused as run_ended, not lost in a buffer."""
+        self.closed = True
+
     async def submit(self, rec: NodeRecord, sub: P.RolloutSubmission) -> Outcome:
         verdicts, helds = self._check(sub)
         if self.auditor is not None and not any(v in FRAUD for v in verdicts.values()):

@@ -25,8 +25,10 @@ from trainer.intake import Held
 class WorkHandout:
     def __init__(self, items: Iterator[TaskItem], encode: Callable[[str], list[int]], sampling: P.SamplingSpec,
                  *, inflight_groups: int, max_lag: int, work_lag: int, max_held: int, duplicate_share: float,
-                 probation_groups: int, assignment_timeout_s: float, seed: int):
+                 probation_groups: int, assignment_timeout_s: float, seed: int,
+                 established: Callable[[str], bool] = lambda node_id: True):
         self.items, self.encode, self.sampling = items, encode, sampling
+        self.established = established  # keys that passed probation (or are trusted)
         self.inflight_groups, self.max_lag, self.work_lag = inflight_groups, max_lag, work_lag
         self.max_held, self.duplicate_share = max_held, duplicate_share
         self.probation_groups, self.assignment_timeout_s = probation_groups, assignment_timeout_s
@@ -42,6 +44,18 @@ class WorkHandout:
         self.closed = False  # the run is over: no work out
 
     # ---- the learner's side -----------------------------------------------------------------------
+
+    def announce(self, version: int) -> None:
+        """`version` is out: nodes may load it."""
+        self.version = version
+
+    def start_at(self, version: int) -> None:
+        """The run starts (or resumes) with `version` published and nothing being made."""
+        self.version = self.newest = version
+
+    def close(self) -> None:
+        """The run is over: no more work goes out."""
+        self.closed = True
 
     def begin_step(self) -> None:
         """A step is making version newest + 1: work handed out from now on is trained on from it."""
@@ -105,9 +119,11 @@ class WorkHandout:
 
     def _next_item(self, node_id: str, on_probation: bool) -> TaskItem:
         # A prompt another node already has comes first: the paired reward test needs shared prompts, and a
-        # node on probation waits for them.
+        # node on probation waits for them. Two keys that are not established never share one: a pair of
+        # new keys could be one cheater's, and would vouch for each other.
+        mine_trusted = self.established(node_id)
         for i, (item, first) in enumerate(self.dups):
-            if first != node_id:
+            if first != node_id and (mine_trusted or self.established(first)):
                 del self.dups[i]
                 return item
         if self.retry:
@@ -144,9 +160,9 @@ class WorkHandout:
         for aid in [a for a, h in self.held.items() if h.node_id == node_id]:
             self.retry.append(self.held.pop(aid).item)
 
-    def expire(self, gone: set[str]) -> int:
+    def expire(self, gone: set[str]) -> list[Held]:
         """Work past its deadline, or held by a node gone silent, goes back to the queue; a late answer
-        is refused as `late`. Returns how many."""
+        is refused as `late`. Returns what expired."""
         now = time.monotonic()
         late = [h for h in self.held.values() if h.deadline < now or h.node_id in gone]
         for h in late:
@@ -155,4 +171,4 @@ class WorkHandout:
             self.expired[h.assignment_id] = None
         while len(self.expired) > 10_000:
             self.expired.popitem(last=False)
-        return len(late)
+        return late

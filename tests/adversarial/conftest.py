@@ -62,6 +62,9 @@ def swarm_args(run_dir: Path, zport: int, hport: int, tport: int, extra: list[st
         # on disk that none is removed while an attacker loads it (steps take a fraction of a second).
         "--set", "train.keep_versions=40",
         "--set", "server.heartbeat_s=0.5", "--set", f"server.max_message_bytes={MAX_MESSAGE_BYTES}",
+        # The honest node joins alone and is released after its audited groups; attackers come later and
+        # are paired with it (never with each other).
+        "--set", "guard.release_unpaired=true",
         *extra,
     ]
 

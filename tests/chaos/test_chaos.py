@@ -54,6 +54,8 @@ def test_churn_crash_and_resume(tmp_path, procs):
         "--set", "train.prompts_per_step=8", "--set", "train.inflight_groups=16",
         "--set", "train.eval_every=12", "--set", "train.checkpoint_every=4",
         "--set", "server.heartbeat_s=0.5", "--set", "server.assignment_timeout_s=15",
+        # Every node is new at start: the first to finish its audited groups is released unpaired.
+        "--set", "guard.release_unpaired=true",
     ]
     url = f"http://127.0.0.1:{hport}/api/summary"
     trainer = procs.start("trainer", *trainer_args)

@@ -43,9 +43,11 @@ def _poke_with_garbage(port: int) -> list[str]:
 def test_trainer_and_node_learn_and_reload_live(tmp_path, procs):
     run_dir = tmp_path / "run"
     zport, hport = free_port(), free_port()
+    # The operator's own node: its key is made first and trusted (no probation, audited all the same).
+    node_key = KeyPair.load_or_create(tmp_path / "node" / "node.key")
     trainer = procs.start(
         "trainer", "train", "--run-dir", str(run_dir), "--port", str(zport), "--http-port", str(hport),
-        "--max-steps", str(STEPS),
+        "--max-steps", str(STEPS), "--trust", node_key.public_hex,
         # max_lag 0: each step needs rollouts from the newest version, so the node must load every one.
         "--set", "train.max_lag=0", "--set", "train.prompts_per_step=4", "--set", "train.inflight_groups=4",
         "--set", "train.eval_every=2", "--set", f"train.keep_versions={STEPS + 1}",

@@ -41,6 +41,7 @@ def test_live_page_draws_throughput_and_a_healthy_node(tmp_path, procs):
         "--web-port", str(wport), "--max-steps", "200",
         "--set", f"server.tracker_port={tport}", "--set", "server.heartbeat_s=0.5",
         "--set", "train.prompts_per_step=4", "--set", "train.inflight_groups=8", "--set", "train.eval_every=2",
+        "--set", "guard.release_unpaired=true",
     )
     web = f"http://127.0.0.1:{wport}"
     wait_json(f"{web}/api/summary", timeout=240, proc=trainer)
