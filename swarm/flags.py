@@ -88,3 +88,11 @@ def add_relay_flags(p: argparse.ArgumentParser) -> None:
 def add_tree_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracker", required=True, help="the trainer's origin/tracker URL")
     p.add_argument("--watch", type=float, default=0, help="refresh every N seconds")
+
+
+def add_doctor_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trainer", required=True, help="the trainer's node port, HOST:PORT or tcp://HOST:PORT")
+    p.add_argument("--trainer-key", help="the trainer's public key to expect (64 hex chars or a .pub file)")
+    p.add_argument("--relay-host", default="0.0.0.0", help="address to listen on for the reachability test")
+    p.add_argument("--relay-port", type=int, default=0,
+                   help="the port `swarm node --relay-port` will use (0: any free port, tested the same way)")

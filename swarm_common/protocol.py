@@ -51,6 +51,13 @@ class Register(msgspec.Struct, tag="register", forbid_unknown_fields=True):
     invite: str = ""  # an operator's invite token, when the trainer asks for one
 
 
+class Hello(msgspec.Struct, tag="hello", forbid_unknown_fields=True):
+    """Asks where things are, registering nothing (`swarm doctor` sends it with a throwaway key)."""
+
+    node_id: str
+    trainer_host: str = ""  # the host this sender reached the trainer at
+
+
 class Heartbeat(msgspec.Struct, tag="heartbeat", forbid_unknown_fields=True):
     node_id: str
     version_loaded: int
@@ -112,6 +119,15 @@ class Registered(msgspec.Struct, tag="registered", forbid_unknown_fields=True):
     trainer_key: str  # hex ed25519 public key that signs every manifest
 
 
+class Welcome(msgspec.Struct, tag="welcome", forbid_unknown_fields=True):
+    protocol: int
+    trainer_key: str  # hex ed25519 public key that signs every manifest
+    tracker_url: str  # the relay tree's tracker, as a node reaching the trainer at trainer_host is told
+    http_port: int  # the trainer's HTTP API (/api/summary, /metrics), on the host of the node port
+    version: int  # the newest version announced
+    seen_as: str  # the address the sender's message came from, as the trainer saw it
+
+
 class WorkAssignment(msgspec.Struct, tag="work", forbid_unknown_fields=True):
     weights: WeightsInfo  # the newest version; the node loads it when it can
     min_version: int  # generating with anything older than this will be refused as stale
@@ -154,6 +170,7 @@ class Error(msgspec.Struct, tag="error", forbid_unknown_fields=True):
 
 Message = (
     Register
+    | Hello
     | Heartbeat
     | WorkRequest
     | RolloutSubmission
@@ -161,10 +178,11 @@ Message = (
     | WorkAssignment
     | SubmissionResult
     | VersionNotice
+    | Welcome
     | Error
 )
 
-NODE_MESSAGES = (Register, Heartbeat, WorkRequest, RolloutSubmission)
+NODE_MESSAGES = (Register, Hello, Heartbeat, WorkRequest, RolloutSubmission)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -235,6 +253,8 @@ def validate(msg: Message) -> None:
         _check(is_host(msg.trainer_host) or not msg.trainer_host, "trainer_host must be a host name or address")
         _check(0 <= msg.pow_nonce < 2**64, "pow_nonce must be in 0..2**64-1")
         _check(len(msg.invite) <= MAX_ID_LEN and msg.invite.isprintable(), "invite too long")
+    elif isinstance(msg, Hello):
+        _check(is_host(msg.trainer_host) or not msg.trainer_host, "trainer_host must be a host name or address")
     elif isinstance(msg, Heartbeat):
         _short_id(msg.node_id, "node_id")
         _check(msg.version_loaded >= -1, "version_loaded must be >= -1")

@@ -74,10 +74,10 @@ class Ledger:
 TOK = build_tokenizer()
 
 
-async def _serve(tmp_path, client_key: str, **train) -> NodeService:
-    train = {"inflight_groups": 2, "group_size": 2, "max_tokens": 4, "max_lag": 1, **train}
-    cfg = msgspec.convert({"train": train, "server": {"port": free_port()},
-                           "guard": {"trusted": [client_key]}}, RunConfig)
+async def serve_service(tmp_path, train: dict, guard: dict) -> NodeService:
+    """A started NodeService on a free port with the tiny tokenizer, no auditor and a recording ledger."""
+    cfg = msgspec.convert({"run_dir": str(tmp_path), "train": train, "server": {"port": free_port()},
+                           "guard": guard}, RunConfig)
     task = make_task("arithmetic")
     registry = NodeRegistry(cfg.server.heartbeat_s)
     srv = NodeService(cfg, task, TOK, len(TOK), RunStats(str(tmp_path), 10, registry), registry,
@@ -85,6 +85,11 @@ async def _serve(tmp_path, client_key: str, **train) -> NodeService:
                       trainer_key="00" * 32, guard=Guard(tmp_path, cfg.guard), auditor=None, ledger=Ledger())
     await srv.start()
     return srv
+
+
+async def _serve(tmp_path, client_key: str, **train) -> NodeService:
+    train = {"inflight_groups": 2, "group_size": 2, "max_tokens": 4, "max_lag": 1, **train}
+    return await serve_service(tmp_path, train, {"trusted": [client_key]})
 
 
 def test_parked_request_is_answered_when_room_opens(tmp_path, monkeypatch):

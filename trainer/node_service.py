@@ -178,6 +178,12 @@ class NodeService:
             return P.Error(code="rate_limited", message="too many messages; slow down")
         if isinstance(msg, P.Register):
             return self._register(ident, msg, source)
+        if isinstance(msg, P.Hello):
+            if not self.admission.register_allowed(source):
+                return P.Error(code="rate_limited", message=f"too many requests from {source}; slow down")
+            return P.Welcome(protocol=P.PROTOCOL_VERSION, trainer_key=self.trainer_key,
+                             tracker_url=self._tracker_url_for(msg.trainer_host),
+                             http_port=self.cfg.server.http_port, version=self.work.version, seen_as=source)
         rec = self.registry.get(msg.node_id)
         if rec is None or self.idents.get(msg.node_id) != ident:
             return P.Error(code="unknown_node", message="register first")
@@ -220,12 +226,12 @@ class NodeService:
         log.info("node %s registered (%s)", msg.name, msg.node_id[:12])
         return P.Registered(node_id=msg.node_id, weights=self.weights_info(), sampling=self.sampling,
                             heartbeat_s=self.cfg.server.heartbeat_s, max_lag=self.cfg.train.max_lag,
-                            tracker_url=self._tracker_url_for(msg), trainer_key=self.trainer_key)
+                            tracker_url=self._tracker_url_for(msg.trainer_host), trainer_key=self.trainer_key)
 
-    def _tracker_url_for(self, msg: P.Register) -> str:
-        """Where this node reaches the tracker: the operator's public address, else the host the node
-        reached this trainer at (the tracker listens beside the node port), else the address it binds."""
-        host = self.cfg.server.public_host or msg.trainer_host
+    def _tracker_url_for(self, trainer_host: str) -> str:
+        """Where a node reaches the tracker: the operator's public address, else the host the node reached
+        this trainer at (`trainer_host`: the tracker listens beside the node port), else the bound address."""
+        host = self.cfg.server.public_host or trainer_host
         if not host:
             return self.tracker_url
         return f"http://{f'[{host}]' if ':' in host else host}:{self.cfg.server.tracker_port}"
