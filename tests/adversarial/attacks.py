@@ -43,6 +43,7 @@ class Outcome:
     codes: Counter = field(default_factory=Counter)
     node_ids: list[str] = field(default_factory=list)
     banned: bool = False
+    steps_kept: float | None = None  # trainer steps per minute during the attack / just before it
 
     def saw(self, code: str | None, expected: set[str]) -> None:
         self.attempts += 1
@@ -110,8 +111,10 @@ def forged_rewards(ctx: Ctx) -> Outcome:
     out = Outcome()
     ev = _fresh(ctx, "forged-rewards", out)
     try:
+        # A malformed submission answers nothing: the same assignments stay held, and a fresh key holds
+        # only guard.new_key_held of them: all three forgeries are for the same assignments.
+        work = ev.work(2)
         for _ in range(3):
-            work = ev.work(2)
             rollouts = honest_rollouts(ctx, work, work.weights.version)
             sub = msgspec.to_builtins(P.RolloutSubmission(node_id=ev.node_id, version=work.weights.version,
                                                           rollouts=rollouts, gen_seconds=0.1))

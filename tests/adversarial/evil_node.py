@@ -31,6 +31,7 @@ class Sampler:
         self._models: dict[tuple[int, float], object] = {}
         self.gen = torch.Generator().manual_seed(seed)
         self.tok = None
+        self._lock = threading.Lock()  # attackers on several threads share one sampler
 
     def version_dir(self, version: int) -> Path:
         return self.run_dir / "versions" / f"v{version:06d}"
@@ -59,6 +60,10 @@ class Sampler:
     @torch.no_grad()
     def sample(self, version: int, prompt_ids: list[int], n: int, noise: float = 0.0) -> list[P.Sample]:
         """n samples of the prompt: token ids, per-token log-probs under the same weights, finish reasons."""
+        with self._lock:
+            return self._sample(version, prompt_ids, n, noise)
+
+    def _sample(self, version: int, prompt_ids: list[int], n: int, noise: float) -> list[P.Sample]:
         m = self.model(version, noise)
         eos = self.tok.eos_token_id
         ids = torch.tensor([prompt_ids] * n)

@@ -17,6 +17,7 @@ from rewards.registry import make_task
 from tests.adversarial.attacks import ATTACKS, Ctx, Outcome
 from tests.adversarial.conftest import MAX_LAG, MAX_MESSAGE_BYTES
 from tests.adversarial.evil_node import Sampler
+from tests.adversarial.identity_attacks import IDENTITY_ATTACKS
 from trainer.config import TaskConfig
 from trainer.policy import load_tokenizer
 
@@ -89,4 +90,25 @@ def test_flood_is_rate_limited(swarm, ctx):
     assert out.detected > 0
     row = swarm.node_row(out.node_ids[0])
     assert row["refused"].get("rate_limited", 0) >= out.detected
+    _check_after(swarm, out)
+
+
+def test_work_hoarding_by_fresh_keys_leaves_room_for_a_batch(swarm, ctx):
+    """Four fresh keys take all the work they can and never answer: each holds new_key_held assignments,
+    and the honest node keeps its room (the trainer went from 186 to 1 steps a minute before shares)."""
+    out = IDENTITY_ATTACKS["work_hoarding"](ctx)
+    assert out.codes["granted"] <= 4 * 2, dict(out.codes)  # 2 each, within a quarter of inflight_groups
+    assert out.steps_kept is not None and out.steps_kept > 0.5, out.steps_kept
+    _check_after(swarm, out)
+
+
+def test_registration_flood_is_rate_limited(swarm, ctx):
+    out = IDENTITY_ATTACKS["register_flood"](ctx)
+    assert out.detected >= out.attempts - 10 - 10, dict(out.codes)  # the burst, and what the rate refills
+    _check_after(swarm, out)
+
+
+def test_colluding_cherry_pickers_are_not_paired_with_each_other(swarm, ctx):
+    out = IDENTITY_ATTACKS["colluding_best_of_4"](ctx)
+    assert out.detected > 0 and out.banned, dict(out.codes)
     _check_after(swarm, out)
