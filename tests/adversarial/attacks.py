@@ -169,7 +169,9 @@ def false_version(ctx: Ctx) -> Outcome:
         v = w.weights.version
         if tamper.k % 2 == 0:
             tamper.k += 1
-            return v + 1, honest_rollouts(ctx, w, v)
+            # Far ahead: v + 1 may be out by the time this arrives (steps take a tenth of a second here),
+            # and one step's weights are within the audit's tolerance of v's.
+            return v + 1000, honest_rollouts(ctx, w, v)
         tamper.k += 1
         return v, honest_rollouts(ctx, w, max(0, v - ctx.max_lag))
     tamper.k = 0
