@@ -67,21 +67,40 @@ class Prober:
             return "mismatch", ans.key if len(ans.key) == 64 else None, f"connect-back to {url}: {why}"
         return "ok", ans.key, f"{url} answers for key {ans.key[:16]}..."
 
-    async def piece(self, url: str, st: VersionState, index: int, total: float = 15.0) -> str:
-        """'ok', 'corrupt' (the whole piece, hashed), 'stall' (no answer in time), 'dead', or 'unknown'."""
-        ref = st.pieces[index]
+    async def answers(self, url: str, version: int, index: int) -> str:
+        """'answers' when a piece request gets any answer (an honest relay answers at once, even for a piece
+        still on its way to it), 'stall' when none comes within the deadline, 'dead' when it can't connect."""
         async with self._sem:
             try:
-                async with self.session.get(f"{url}/v/{st.version}/piece/{index}", timeout=self._timeout(total)) as r:
+                async with self.session.get(f"{url}/v/{version}/piece/{index}",
+                                            timeout=self._timeout(self.connect_timeout + self.ttfb)):
+                    return "answers"
+            except TimeoutError:
+                return "stall"
+            except (aiohttp.ClientError, OSError):
+                return "dead"
+
+    async def piece(self, url: str, st: VersionState, index: int, total: float = 30.0) -> str:
+        """'ok' or 'corrupt' (the whole piece, hashed), 'stall' (no answer within the deadline), 'slow' (an
+        answer, but not the whole piece in time: inconclusive), 'dead', or 'unknown' (not held there)."""
+        ref = st.pieces[index]
+        answered = False
+        async with self._sem:
+            try:
+                timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout, sock_read=10.0)
+                async with asyncio.timeout(self.connect_timeout + self.ttfb):
+                    r = await self.session.get(f"{url}/v/{st.version}/piece/{index}", timeout=timeout)
+                    answered = True
+                async with r:
                     if r.status != 200:
-                        return "stall" if r.status == 503 else "unknown"
+                        return "unknown"
                     buf = bytearray()
                     async for chunk in r.content.iter_chunked(1 << 20):  # every byte of it, not one read
                         buf += chunk
                         if len(buf) > ref.size:
                             break
             except TimeoutError:
-                return "stall"
+                return "slow" if answered else "stall"
             except (aiohttp.ClientError, OSError):
                 return "dead"
         return "ok" if await asyncio.to_thread(ref.matches, bytes(buf)) else "corrupt"
@@ -152,19 +171,19 @@ class Judge:
                 return "banned"
             if verdict in ("dead", "stall") and not await self.recheck_reach(accused):
                 return "leaf: not reachable"
+            if verdict in ("slow", "dead", "stall"):
+                t.event(f"corrupt report on {accused.peer_id} by {who}: inconclusive ({verdict})")
+                return "inconclusive"
             t.penalize(reporter.key, f"corrupt report on {accused.peer_id}: origin's probe says {verdict}")
             return "not confirmed"
         if not await self.recheck_reach(accused):
             return "leaf: not reachable"
-        held = msg.version in accused.complete
-        if held and msg.reason == "stall":
-            verdict = await self.probe_piece(accused, msg.version, msg.piece)
-            if verdict == "corrupt":
-                self.ban(accused, f"served corrupt piece {msg.piece} of v{msg.version} (origin's probe)",
-                         reporter.peer_id)
-                return "banned"
+        if msg.version in self.versions() and 0 <= msg.piece < len(self.versions()[msg.version].pieces):
+            url = accused.url or ""
+            verdict = await self._once(accused, f"answers {msg.version}/{msg.piece}",
+                                       lambda: self.prober.answers(url, msg.version, msg.piece))
             if verdict == "stall":
-                t.demote(accused.peer_id, f"stalled the origin's probe of a piece it holds ({who} reported)")
+                t.demote(accused.peer_id, f"left the origin's piece request unanswered ({who} reported)")
                 t.count("confirmed_stall")
                 return "demoted"
         if t.has_standing(reporter):
@@ -203,7 +222,10 @@ class Judge:
                 t.prove(rec, f"served piece {index} of v{v} to the origin intact")
             elif verdict == "corrupt":
                 self.ban(rec, f"served corrupt piece {index} of v{v} to the origin's probe", "origin")
-            elif verdict in ("dead", "stall"):
+            elif verdict == "stall" and await self.recheck_reach(rec):
+                t.demote(rec.peer_id, f"stalled the origin's request for piece {index} of v{v}, which it holds")
+                t.count("confirmed_stall")
+            elif verdict == "dead":
                 await self.recheck_reach(rec)
 
         task = asyncio.create_task(run())

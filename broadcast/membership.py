@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 import aiohttp
 import msgspec
 from aiohttp import web
+from yarl import URL
 
 from swarm_common.keys import fingerprint
 
-from .addresses import is_private, is_wildcard, relay_url
+from .addresses import is_loopback, is_wildcard, parse_relay_url, relay_url
 from .identity import is_hex, reach_answer, sign_join
 from .messages import Join, Joined, Latest, PeerHeartbeat, Report, TreeSources, decode
 
@@ -134,9 +135,10 @@ class Membership:
         if self.url and self.reachable:
             log.info("relay reachable at %s", self.url)
         elif self.relay and self.port is not None:
-            hint = f"open port {self.port} or pass --advertise"
-            if self.host and not is_wildcard(self.host) and is_private(self.host):
-                hint = f"it listens on {self.host} only: pass --relay-host 0.0.0.0, or " + hint
+            port = parse_relay_url(self.advertise)[1] if self.advertise else self.port
+            hint = f"open port {port} or pass --advertise"
+            if self.host and is_loopback(self.host) and not is_loopback(URL(self.tracker_url).host or ""):
+                hint = f"it listens on {self.host} only: pass --relay-host 0.0.0.0"
             log.warning("relay not reachable from the tracker: downloading only; %s%s", hint,
                         f" ({detail})" if detail else "")
 

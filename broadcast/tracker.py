@@ -103,8 +103,9 @@ class Tracker:
 
     def penalize(self, key: str, why: str) -> None:
         """An unconfirmed report: it costs the reporter, never the accused."""
-        self.penalty.pop(key, None)
-        self.penalty[key] = (self.points(key) + 1.0, time.monotonic())
+        pts = self.points(key) + 1.0
+        self.penalty.pop(key, None)  # re-inserted last: the bound forgets the keys quiet the longest
+        self.penalty[key] = (pts, time.monotonic())
         while len(self.penalty) > MAX_BANNED:
             del self.penalty[next(iter(self.penalty))]
         self.count("unconfirmed_report", f"unconfirmed report by {key[:12]}: {why}")
@@ -112,7 +113,7 @@ class Tracker:
     def has_standing(self, rec: PeerRec) -> bool:
         """Its reports count: the trainer established its key, or it has shown it uploads, and it has not
         made many reports the origin could not confirm."""
-        return (rec.key in self.trusted or rec.key in self.proven) and self.points(rec.key) < self.penalty_limit
+        return (rec.key in self.trusted or rec.key in self.proven) and self.points(rec.key) <= self.penalty_limit - 1
 
     def set_trusted(self, key: str, trusted: bool = True) -> None:
         (self.trusted.add if trusted else self.trusted.discard)(key)
