@@ -31,6 +31,7 @@ log = logging.getLogger("broadcast.judge")
 PROBE_CACHE_S = 2.0  # one probe of a peer answers every report about it for this long
 PROVE_RETRY_S = 10.0
 MAX_PROBES = 8  # probes in flight at once, all kinds together
+RETRY_S = 1.0  # a probe that fails is tried once more this much later before it counts
 
 
 class Prober:
@@ -111,7 +112,7 @@ class Judge:
                  on_ban: Callable[[str, str], None] | None = None):
         self.tracker, self.prober, self.versions = tracker, prober, versions
         self.on_ban = on_ban
-        self._cache: dict[tuple[str, str], tuple[float, str]] = {}
+        self._cache: dict[tuple[str, str], tuple[float, str, str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._proving: dict[str, float] = {}
         self.tasks: set[asyncio.Task] = set()
@@ -125,15 +126,16 @@ class Judge:
             except Exception:  # noqa: BLE001 - the trainer's hook must not break the tracker
                 log.exception("on_ban hook failed")
 
-    async def _once(self, rec: PeerRec, kind: str, probe) -> str:
-        """Coalesce probes: one per peer at a time, its verdict reused for PROBE_CACHE_S."""
+    async def _once(self, rec: PeerRec, kind: str, probe, what: str = "") -> str:
+        """Probe a peer at most once per PROBE_CACHE_S for each kind of probe, whatever the number of reports:
+        the verdict is reused for the same target (`what`), and another target meanwhile gets 'recent'."""
         lock = self._locks.setdefault(rec.peer_id, asyncio.Lock())
         async with lock:
             hit = self._cache.get((rec.peer_id, kind))
             if hit and time.monotonic() - hit[0] < PROBE_CACHE_S:
-                return hit[1]
+                return hit[2] if hit[1] == what else "recent"
             verdict = await probe()
-            self._cache[(rec.peer_id, kind)] = (time.monotonic(), verdict)
+            self._cache[(rec.peer_id, kind)] = (time.monotonic(), what, verdict)
             if len(self._cache) > 4096:
                 self._cache = {k: v for k, v in self._cache.items() if time.monotonic() - v[0] < PROBE_CACHE_S}
                 self._locks = {k: v for k, v in self._locks.items() if v.locked() or k in self.tracker.peers}
@@ -145,10 +147,16 @@ class Judge:
             return False
 
         async def probe() -> str:
-            status, _, detail = await self.prober.reach(rec.url, rec.key)
-            return status if status == "ok" else f"{status}: {detail}"
+            for attempt in range(2):  # a loaded machine may miss one deadline: failing twice counts
+                status, _, detail = await self.prober.reach(rec.url, rec.key)
+                if status == "ok" or attempt:
+                    return status if status == "ok" else f"{status}: {detail}"
+                await asyncio.sleep(RETRY_S)
+            return "unreachable"
 
         verdict = await self._once(rec, "reach", probe)
+        if verdict == "recent":
+            return rec.reachable is not False
         if rec.peer_id in self.tracker.peers:
             self.tracker.set_reachable(rec, verdict == "ok", "" if verdict == "ok" else verdict)
         return verdict == "ok"
@@ -158,7 +166,7 @@ class Judge:
         if rec.url is None or st is None or not 0 <= index < len(st.pieces):
             return "unknown"
         url = rec.url
-        return await self._once(rec, f"piece {version}/{index}", lambda: self.prober.piece(url, st, index))
+        return await self._once(rec, "piece", lambda: self.prober.piece(url, st, index), f"{version}/{index}")
 
     async def judge(self, reporter: PeerRec, accused: PeerRec, msg: Report) -> str:
         t = self.tracker
@@ -171,7 +179,7 @@ class Judge:
                 return "banned"
             if verdict in ("dead", "stall") and not await self.recheck_reach(accused):
                 return "leaf: not reachable"
-            if verdict in ("slow", "dead", "stall"):
+            if verdict in ("slow", "dead", "stall", "recent"):
                 t.event(f"corrupt report on {accused.peer_id} by {who}: inconclusive ({verdict})")
                 return "inconclusive"
             t.penalize(reporter.key, f"corrupt report on {accused.peer_id}: origin's probe says {verdict}")
@@ -180,8 +188,14 @@ class Judge:
             return "leaf: not reachable"
         if msg.version in self.versions() and 0 <= msg.piece < len(self.versions()[msg.version].pieces):
             url = accused.url or ""
-            verdict = await self._once(accused, f"answers {msg.version}/{msg.piece}",
-                                       lambda: self.prober.answers(url, msg.version, msg.piece))
+            async def answers() -> str:
+                first = await self.prober.answers(url, msg.version, msg.piece)
+                if first != "stall":
+                    return first
+                await asyncio.sleep(RETRY_S)
+                return await self.prober.answers(url, msg.version, msg.piece)
+
+            verdict = await self._once(accused, "answers", answers, f"{msg.version}/{msg.piece}")
             if verdict == "stall":
                 t.demote(accused.peer_id, f"left the origin's piece request unanswered ({who} reported)")
                 t.count("confirmed_stall")

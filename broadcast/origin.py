@@ -75,7 +75,8 @@ class Origin:
         self._prober: Prober | None = None
         self._join_limit = KeyedBuckets(*joins_per_address)
         self._key_limit = KeyedBuckets(*joins_per_key)
-        self._report_limit = KeyedBuckets(1.0, 5.0)
+        self._report_limit = KeyedBuckets(1.0, 5.0)  # keys with standing
+        self._fresh_report_limit = KeyedBuckets(0.2, 3.0)  # keys without: a report costs the origin a probe
         self._doctor_limit = KeyedBuckets(0.5, 3.0)
         self._nonces: dict[str, float] = {}
         self._trusted: set[str] = set()  # keys the trainer calls established, kept across tracker restarts
@@ -302,9 +303,14 @@ class Origin:
     async def _report(self, request: web.Request) -> web.Response:
         msg: Report = await self._body(request, Report)
         assert self.tracker and self._judge
-        reporter = self._tracker_call(self.tracker.auth, msg.peer_id, msg.token)
-        if wait := self._report_limit.take(reporter.key):
-            self.tracker.count("rate_limited")
+        t = self.tracker
+        reporter = self._tracker_call(t.auth, msg.peer_id, msg.token)
+        if t.points(reporter.key) > t.penalty_limit - 1:
+            t.count("ignored_report")
+            raise web.HTTPForbidden(text="your recent reports could not be confirmed: reports ignored for a while")
+        limit = self._report_limit if t.has_standing(reporter) else self._fresh_report_limit
+        if wait := limit.take(reporter.key):
+            t.count("rate_limited")
             raise web.HTTPTooManyRequests(text=f"too many reports: retry in {wait:.1f}s")
         accused = self.tracker.by_url(msg.accused_url)
         if accused is None or accused is reporter:

@@ -39,7 +39,10 @@ async def serve_piece(
     resp.content_length = ref.size
     # Answer at once, even for a piece still on its way here (pipelining: the request is held until it is
     # verified): the child sees this source is alive, and can tell it from one that never answers.
-    await resp.prepare(request)
+    try:
+        await resp.prepare(request)
+    except ConnectionResetError:  # the child gave up already (it got the piece elsewhere)
+        return resp
     if not await st.wait_piece(index, wait_timeout):
         log.info("v%d piece %d did not arrive in %.0fs; cutting the answer short", version, index, wait_timeout)
         resp.force_close()
