@@ -1,6 +1,6 @@
 """Adversarial report: every attack of tests/adversarial against a live trainer with honest nodes beside it.
 
-    python bench/adversarial.py [--json FILE] [--honest-groups 1000]
+    python bench/adversarial.py [--json FILE] [--honest-groups 1000] [--tree | --tree-only]
 
 Starts a trainer (`swarm train`) and a real vLLM node, then:
   1. runs each attack with a fresh key and counts attempts, detections, and the attacker's groups that
@@ -10,7 +10,11 @@ Starts a trainer (`swarm train`) and a real vLLM node, then:
      honest groups refused or dropped for fraud, or honest keys struck (must be 0);
   3. the audit's cost as a share of the trainer's step time at the default audit rate;
   4. the cherry-picking test's detection power after M shared prompts, by simulation with the real
-     paired z-test on rewards sampled from the starting policy (best-of-k against honest, G per group).
+     paired z-test on rewards sampled from the starting policy (best-of-k against honest, G per group);
+  5. with --tree (or --tree-only, which skips 1-4 and needs no vLLM): the relay tree's attacks by fresh
+     identities (tests/adversarial/tree_attacks.py) against an origin and six honest `swarm relay`
+     processes: honest relays banned, evicted or demoted, and version delivery time against the same lab
+     unattacked, measured right before each attack.
 """
 
 from __future__ import annotations
@@ -110,12 +114,34 @@ def cherry_power(sampler: Sampler, task, group_size: int, ks: list[int], ms: lis
     return out
 
 
+def tree_rows(root: Path) -> list[dict]:
+    import asyncio
+
+    from tests.adversarial.tree_attacks import run_all
+
+    rows = asyncio.run(run_all(root / "tree"))
+    print(f"\n{'tree attack':<17}{'attempts':>9}{'refused/contained':>19}{'honest banned/evicted/demoted':>31}"
+          f"{'delivery s':>12}{'unattacked s':>14}{'ratio':>7}")
+    for r in rows:
+        harm = f"{r['honest_banned']}/{r['honest_evicted']}/{r['honest_demoted']}"
+        print(f"{r['attack']:<17}{r['attempts']:>9}{r['detected']:>19}{harm:>31}{r['delivery_s']:>12.2f}"
+              f"{r['unattacked_s']:>14.2f}{r['delivery_ratio']:>7.2f}")
+    for r in rows:
+        print(f"  {r['attack']}: {r['attempted']}; " + ", ".join(
+            f"{k}={v}" for k, v in r.items() if k in ("joined", "stallers_interior", "piece_requests_held",
+                                                       "answers", "codes", "accepted", "peers_held", "seconds")))
+    print(f"  tracker's refusals and detections: {rows[-1]['refused']}")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     ap.add_argument("--honest-groups", type=int, default=1000, help="honest groups to check for false positives")
     ap.add_argument("--honest-clients", type=int, default=2, help="honest HF clients beside the vLLM node")
     ap.add_argument("--dir", default="/tmp/swarm-bench-adversarial", help="work directory (emptied first)")
+    ap.add_argument("--tree", action="store_true", help="also run the relay tree's attacks")
+    ap.add_argument("--tree-only", action="store_true", help="only the relay tree's attacks (no trainer, no vLLM)")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -124,6 +150,11 @@ def main() -> int:
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    if args.tree_only:
+        rows = tree_rows(root)
+        if args.json:
+            Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode({"tree": rows})))
+        return 0 if all(r["honest_banned"] + r["honest_evicted"] + r["honest_demoted"] == 0 for r in rows) else 1
     run_dir = root / "run"
     zport, hport, tport = free_port(), free_port(), free_port()
     procs = Procs(root)
@@ -245,9 +276,12 @@ def main() -> int:
     for k, row in power["power"].items():
         print(f"{'power ' + k:<18}" + "".join(f"{v:>8.3f}" for v in row.values()))
     print(f"{'honest fires':<18}" + "".join(f"{v:>8.3f}" for v in power["honest_fire"].values()))
+    if args.tree:
+        result["tree"] = tree_rows(root)
     if args.json:
         Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(result)))
     ok = all(r["reached_batch"] == 0 for r in result["attacks"]) and h["false_positive_rate"] == 0
+    ok = ok and all(r["honest_banned"] + r["honest_evicted"] + r["honest_demoted"] == 0 for r in result.get("tree", []))
     return 0 if ok else 1
 
 

@@ -10,9 +10,20 @@ MAX_TRACKER_MESSAGE_BYTES = 1 << 20  # tracker messages are small; anything bigg
 
 
 class Join(msgspec.Struct, forbid_unknown_fields=True):
-    url: str | None  # None for a --no-relay peer: it serves no one
+    """A peer asks for a place in the tree, signed with its ed25519 key (see identity.py).
+
+    `url` is the advertised address (--advertise, or the address a relay is bound to); None with `port`
+    set: the tracker uses the source address it sees the join come from, with that port (as STUN does);
+    None without a port: a --no-relay peer, which serves no one."""
+
+    url: str | None
     relay: bool
     name: str = ""
+    key: str = ""  # hex ed25519 public key: the identity this membership belongs to
+    port: int | None = None  # the relay's bound port, for the tracker to pair with the observed host
+    time_ms: int = 0  # signing time: a join is accepted only near it, and only once (nonce)
+    nonce: str = ""
+    signature: str = ""  # hex, over identity.join_payload(); empty only for in-process callers
 
 
 class Joined(msgspec.Struct):
@@ -20,6 +31,10 @@ class Joined(msgspec.Struct):
     token: str  # proves later heartbeats/reports come from the same peer
     trees: int
     heartbeat_interval: float
+    url: str | None = None  # the address the tracker gives others for this peer (None: a leaf only)
+    observed_host: str = ""  # the source address the join came from
+    reachable: bool | None = None  # the tracker's connect-back found this peer at `url`
+    reach_error: str = ""  # why not, for the peer's log
 
 
 class PeerHeartbeat(msgspec.Struct, forbid_unknown_fields=True):
@@ -27,6 +42,8 @@ class PeerHeartbeat(msgspec.Struct, forbid_unknown_fields=True):
     token: str
     complete: list[int] = []  # verified complete versions held
     progress: dict[int, int] = {}  # version -> verified pieces, for versions in flight
+    served_bytes: int = 0  # bytes this peer's relay has uploaded since it started
+    received: dict[str, int] = {}  # source URL -> verified bytes received from it since start
 
 
 class TreeSources(msgspec.Struct):
@@ -34,6 +51,7 @@ class TreeSources(msgspec.Struct):
 
     latest: int | None
     sources: list[list[str]]
+    reachable: bool | None = None  # the tracker's current view of this peer's relay
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):
@@ -56,6 +74,23 @@ class Latest(msgspec.Struct):
     versions: list[int]
 
 
+class ReachAnswer(msgspec.Struct, forbid_unknown_fields=True):
+    """A relay's answer to the tracker's connect-back: its key and its signature over the nonce."""
+
+    key: str
+    signature: str
+
+
+class ReachTest(msgspec.Struct):
+    """The tracker's answer to GET /reach-test?port=P (for `swarm doctor`)."""
+
+    observed_host: str
+    url: str
+    reachable: bool
+    answered_key: str | None  # the key that answered the connect-back, if it was one of ours
+    detail: str
+
+
 class PeerView(msgspec.Struct):
     peer_id: str
     name: str
@@ -68,6 +103,13 @@ class PeerView(msgspec.Struct):
     strikes: int
     parents: list[str | None]  # per tree, the parent's peer_id (None = origin)
     children: list[list[str]]  # per tree, the children's peer_ids
+    key: str = ""
+    reachable: bool | None = None  # None: not checked (a --no-relay peer)
+    reach_error: str = ""
+    standing: bool = False  # its reports count: established with the trainer, or shown it uploads
+    proven: bool = False  # has shown it uploads: placed above fresh peers
+    uploaded: int = 0  # bytes its children with standing confirm receiving from it
+    demoted: bool = False
 
 
 class Banned(msgspec.Struct):
@@ -76,6 +118,7 @@ class Banned(msgspec.Struct):
     reason: str
     reporter: str
     at: float
+    key: str = ""
 
 
 class TreeView(msgspec.Struct):
@@ -88,6 +131,7 @@ class TreeView(msgspec.Struct):
     peers: list[PeerView]
     banned: list[Banned]
     events: list[str]
+    refused: dict[str, int] = {}  # refusals and detections by reason: bad_url, private_url, url_taken, ...
 
 
 def decode(data: bytes, typ: type):

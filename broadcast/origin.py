@@ -6,6 +6,7 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -15,9 +16,12 @@ from aiohttp import web
 from swarm_common.http import start_site
 from swarm_common.keys import KeyPair
 
+from .addresses import is_private, parse_relay_url, relay_url
+from .identity import JOIN_SKEW_S, check_join
+from .judge import Judge, Prober
 from .manifest import Manifest, build_manifest, encode_manifest
-from .messages import MAX_TRACKER_MESSAGE_BYTES, Join, Latest, Leave, PeerHeartbeat, Report, decode
-from .ratelimit import RateLimiter
+from .messages import MAX_TRACKER_MESSAGE_BYTES, Join, Latest, Leave, PeerHeartbeat, ReachTest, Report, decode
+from .ratelimit import KeyedBuckets, RateLimiter
 from .serving import MAX_VERSION, parse_int, serve_piece
 from .store import VersionState
 from .tracker import Tracker, TrackerError
@@ -44,8 +48,14 @@ class Origin:
         piece_size: int = 4 << 20,
         heartbeat_interval: float = 2.0,
         piece_wait: float = 20.0,
+        max_peers: int = 1000,
+        allow_private: bool | None = None,
+        joins_per_address: tuple[float, float] = (4.0, 64.0),
+        joins_per_key: tuple[float, float] = (0.2, 3.0),
     ):
-        """`trees` defaults to `fanout`: that is what lets every relay upload exactly what it downloads."""
+        """`trees` defaults to `fanout`: that is what lets every relay upload exactly what it downloads.
+        `allow_private`: accept private/loopback relay addresses (None: when the join reached us on one).
+        `joins_per_*`: (rate per second, burst) of joins accepted per source address and per key."""
         self.root_dir = Path(root_dir).resolve()
         self.keypair = keypair
         self.host, self.port = host, port
@@ -58,6 +68,18 @@ class Origin:
         self.versions: dict[int, VersionState] = {}
         self.latest: int | None = None
         self.tracker: Tracker | None = None
+        self.max_peers = max_peers
+        self.allow_private = allow_private
+        self.on_ban: Callable[[str, str], None] | None = None  # confirmed corruption: (key hex, reason)
+        self._judge: Judge | None = None
+        self._prober: Prober | None = None
+        self._join_limit = KeyedBuckets(*joins_per_address)
+        self._key_limit = KeyedBuckets(*joins_per_key)
+        self._report_limit = KeyedBuckets(1.0, 5.0)  # keys with standing
+        self._fresh_report_limit = KeyedBuckets(0.2, 3.0)  # keys without: a report costs the origin a probe
+        self._doctor_limit = KeyedBuckets(0.5, 3.0)
+        self._nonces: dict[str, float] = {}
+        self._trusted: set[str] = set()  # keys the trainer calls established, kept across tracker restarts
         self._new_version = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -80,6 +102,7 @@ class Origin:
                 web.post("/heartbeat", self._heartbeat),
                 web.post("/report", self._report),
                 web.post("/leave", self._leave),
+                web.get("/reach-test", self._reach_test),
                 web.get("/latest", self._latest),
                 web.get("/tree", self._tree),
                 web.get("/health", self._health),
@@ -91,8 +114,13 @@ class Origin:
         # Short shutdown: long polls and held piece requests must not keep stop() waiting.
         self._runner, self.port = await start_site(app, self.host, self.port, shutdown_timeout=1.0)
         self._url = f"http://{self.host}:{self.port}"
-        self.tracker = Tracker(self._url, self.trees, self.fanout, self.heartbeat_interval)
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        self.tracker = Tracker(self._url, self.trees, self.fanout, self.heartbeat_interval, max_peers=self.max_peers)
+        for key in self._trusted:
+            self.tracker.set_trusted(key)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
+                                              connector=aiohttp.TCPConnector(limit=64, force_close=True))
+        self._prober = Prober(self._session)
+        self._judge = Judge(self.tracker, self._prober, lambda: self.versions, self._banned_here)
         self._tasks.append(asyncio.create_task(self._reaper()))
         log.info("origin at %s, trainer key %s, %d trees, fanout %d", self._url, self.keypair.fingerprint,
                  self.trees, self.fanout)
@@ -101,9 +129,10 @@ class Origin:
         self._closing = True
         async with self._new_version:
             self._new_version.notify_all()  # release long polls now
-        for t in self._tasks:
+        pending = [*self._tasks, *(self._judge.tasks if self._judge else ())]
+        for t in pending:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*pending, return_exceptions=True)
         self._tasks.clear()
         if self._session:
             await self._session.close()
@@ -133,17 +162,48 @@ class Origin:
             if st.dir.is_relative_to(self.root_dir) and st.dir != self.root_dir:
                 shutil.rmtree(st.dir, ignore_errors=True)
 
+    # -- what the trainer wires in -------------------------------------------------------------------
+    def ban_key(self, key: str, reason: str) -> None:
+        """The trainer banned this node key: it is out of the tree too (now, and when it tries to join)."""
+        assert self.tracker
+        self.tracker.ban_key(key, reason, "trainer")
+
+    def set_standing(self, key: str, established: bool = True) -> None:
+        """The trainer calls this key established (or no longer): its reports count, it ranks above fresh keys."""
+        (self._trusted.add if established else self._trusted.discard)(key)
+        if self.tracker:
+            self.tracker.set_trusted(key, established)
+
+    def _banned_here(self, key: str, reason: str) -> None:
+        log.warning("banned key %s from the tree: %s", key[:16], reason)
+        if self.on_ban:
+            self.on_ban(key, reason)
+
     async def _reaper(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            assert self.tracker
+            assert self.tracker and self._judge
             self.tracker.reap()
+            now = time.monotonic()
+            # Unreachable relays are re-checked now and then: a port opened later makes one a relay again.
+            for rec in [p for p in self.tracker.peers.values() if p.relay and p.reachable is False][:2]:
+                if now - rec.rechecked > 30.0:
+                    rec.rechecked = now
+                    self._spawn(self._judge.recheck_reach(rec))
+
+    def _spawn(self, coro) -> None:
+        assert self._judge
+        task = asyncio.create_task(coro)
+        self._judge.tasks.add(task)
+        task.add_done_callback(self._judge.tasks.discard)
 
     # -- handlers ---------------------------------------------------------------------------------------
     async def _body(self, request: web.Request, typ: type):
         try:
             return decode(await request.read(), typ)
         except (msgspec.DecodeError, ValueError) as e:
+            assert self.tracker
+            self.tracker.count("malformed")
             raise web.HTTPBadRequest(text=f"bad {typ.__name__}: {e}") from e
 
     def _tracker_call(self, fn, *args):
@@ -152,17 +212,86 @@ class Origin:
         except TrackerError as e:
             raise _status(e.status, str(e)) from e
 
+    def _private_ok(self, request: web.Request) -> bool:
+        if self.allow_private is not None:
+            return self.allow_private
+        sock = request.transport.get_extra_info("sockname") if request.transport else None
+        return bool(sock) and is_private(str(sock[0]))
+
+    def _relay_url(self, msg: Join, request: web.Request) -> str | None:
+        """The address others will be given for this peer: the advertised one, checked, or the observed host
+        with the relay's bound port."""
+        if not msg.relay:
+            return None
+        if msg.url is not None:
+            try:
+                host, port = parse_relay_url(msg.url)
+            except ValueError as e:
+                raise TrackerError(400, f"advertised address {msg.url[:80]!r} refused: {e}", "bad_url") from None
+            if is_private(host) and not self._private_ok(request):
+                raise TrackerError(400, f"{msg.url} is a private or loopback address and this tracker is not on "
+                                   "one: advertise an address others can reach (--advertise)", "private_url")
+            return relay_url(host, port)
+        if msg.port is None:
+            return None
+        if not 0 < msg.port < 65536:
+            raise TrackerError(400, f"port {msg.port} is out of range", "bad_url")
+        return relay_url(request.remote or "", msg.port)
+
+    def _check_signed(self, msg: Join, src: str) -> None:
+        if wait := self._join_limit.take(src):
+            raise TrackerError(429, f"too many joins from {src}: retry in {wait:.1f}s", "rate_limited")
+        if why := check_join(msg):
+            raise TrackerError(403 if why == "bad signature" else 400, f"join refused: {why}",
+                               "bad_signature" if why == "bad signature" else "bad_join")
+        now = time.monotonic()
+        if msg.nonce in self._nonces:
+            raise TrackerError(400, "join refused: this signed join was already used (replay)", "replayed_join")
+        if len(self._nonces) > 50_000:
+            self._nonces = {n: t for n, t in self._nonces.items() if t > now}
+        self._nonces[msg.nonce] = now + 2 * JOIN_SKEW_S
+        if wait := self._key_limit.take(msg.key):
+            raise TrackerError(429, f"too many joins by key {msg.key[:16]}...: retry in {wait:.1f}s", "rate_limited")
+
     async def _join(self, request: web.Request) -> web.Response:
+        src = request.remote or "?"
         msg: Join = await self._body(request, Join)
-        if msg.url is not None and not _valid_url(msg.url):
-            raise web.HTTPBadRequest(text="url must be http://host:port")
-        assert self.tracker
-        return _json(self._tracker_call(self.tracker.join, msg))
+        assert self.tracker and self._prober
+        t = self.tracker
+        try:
+            self._check_signed(msg, src)
+            url = self._relay_url(msg, request)
+            t.check_admission(msg.key, url)
+            reachable, err = None, ""
+            if url is not None:
+                # Checked, not believed: the peer at that address must sign our nonce with the joining key.
+                status, _, detail = await self._prober.reach(url, msg.key)
+                if status == "mismatch":
+                    raise TrackerError(403, f"join refused: {detail}", "connect_back_mismatch")
+                reachable, err = status == "ok", "" if status == "ok" else detail
+                if not reachable:
+                    t.count("unreachable")
+                holder = t.url_holder(url, msg.key)
+                if holder is not None and reachable:  # it answers there for the new key: the old record is stale
+                    t.remove(holder.peer_id, f"its address {url} now answers for another key")
+                elif holder is not None:
+                    raise TrackerError(409, f"join refused: {url} is held by another live peer", "url_taken")
+            joined = t.join(msg, key=msg.key, url=url, reachable=reachable, reach_error=err, observed_host=src)
+        except TrackerError as e:
+            t.count(e.reason)
+            log.warning("join from %s (key %s) refused: %s", src, msg.key[:16], e)
+            resp = _status(e.status, str(e))
+            if e.status == 429:
+                resp.headers["Retry-After"] = "1"
+            raise resp from None
+        return _json(joined)
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
         msg: PeerHeartbeat = await self._body(request, PeerHeartbeat)
-        assert self.tracker
-        return _json(self._tracker_call(self.tracker.heartbeat, msg, self.latest))
+        assert self.tracker and self._judge
+        out = self._tracker_call(self.tracker.heartbeat, msg, self.latest)
+        self._judge.maybe_prove(self.tracker.peers[msg.peer_id])
+        return _json(out)
 
     async def _leave(self, request: web.Request) -> web.Response:
         msg: Leave = await self._body(request, Leave)
@@ -173,72 +302,35 @@ class Origin:
 
     async def _report(self, request: web.Request) -> web.Response:
         msg: Report = await self._body(request, Report)
-        assert self.tracker
-        reporter = self._tracker_call(self.tracker.auth, msg.peer_id, msg.token)
+        assert self.tracker and self._judge
+        t = self.tracker
+        reporter = self._tracker_call(t.auth, msg.peer_id, msg.token)
+        if t.points(reporter.key) > t.penalty_limit - 1:
+            t.count("ignored_report")
+            raise web.HTTPForbidden(text="your recent reports could not be confirmed: reports ignored for a while")
+        limit = self._report_limit if t.has_standing(reporter) else self._fresh_report_limit
+        if wait := limit.take(reporter.key):
+            t.count("rate_limited")
+            raise web.HTTPTooManyRequests(text=f"too many reports: retry in {wait:.1f}s")
         accused = self.tracker.by_url(msg.accused_url)
-        if accused is None:
+        if accused is None or accused is reporter:
             return _json({"action": "none", "why": "not a current peer"})
-        action = await self._judge(reporter.peer_id, accused.peer_id, msg)
+        action = await self._judge.judge(reporter, accused, msg)
         return _json({"action": action})
 
-    async def _judge(self, reporter: str, accused: str, msg: Report) -> str:
-        """Act on a report only as far as we can confirm it ourselves: reporters are untrusted too."""
-        assert self.tracker and self._session
-        t = self.tracker
-        rec = t.peers.get(accused)
-        if rec is None:
-            return "already gone"
-        if msg.reason == "corrupt":
-            verdict = await self._probe_piece(msg.accused_url, msg.version, msg.piece)
-            if verdict == "corrupt":
-                t.ban(accused, f"served corrupt piece {msg.piece} of v{msg.version} (confirmed by origin)", reporter)
-                return "banned"
-            if verdict == "dead":
-                t.remove(accused, f"unreachable after corrupt report by {reporter}")
-                return "removed"
-            # Not reproducible: could be targeted corruption or a lying reporter; two independent reporters ban.
-            rec.reporters.add(reporter)
-            rec.strikes += 1
-            if len(rec.reporters) >= 2:
-                t.ban(accused, f"corrupt data reported by {sorted(rec.reporters)}", reporter)
-                return "banned"
-            t.event(f"unconfirmed corrupt report on {accused} by {reporter}")
-            return "noted"
-        if not await self._probe_health(msg.accused_url):
-            t.remove(accused, f"{msg.reason} reported by {reporter}, health probe failed")
-            return "removed"
-        rec.reporters.add(reporter)
-        rec.strikes += 1
-        if msg.reason == "stall" and len(rec.reporters) >= 2:
-            t.demote(accused, f"stalls reported by {sorted(rec.reporters)}")
-            return "demoted"
-        t.event(f"{msg.reason} report on {accused} by {reporter}, but it answers health checks")
-        return "noted"
-
-    async def _probe_health(self, url: str) -> bool:
-        assert self._session
-        try:
-            async with self._session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                return r.status == 200
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return False
-
-    async def _probe_piece(self, url: str, version: int, index: int) -> str:
-        st = self.versions.get(version)
-        if st is None or not 0 <= index < len(st.pieces):
-            return "unknown"
-        ref = st.pieces[index]
-        assert self._session
-        try:
-            async with self._session.get(
-                f"{url}/v/{version}/piece/{index}", timeout=aiohttp.ClientTimeout(total=10)
-            ) as r:
-                if r.status != 200:
-                    return "unknown"
-                data = await r.content.read(ref.size + 1)
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return "dead"
-        return "ok" if ref.matches(data) else "corrupt"
+    async def _reach_test(self, request: web.Request) -> web.Response:
+        """For `swarm doctor`: connect back to ?port=P at the address the request came from, say what answered."""
+        src = request.remote or ""
+        port = request.query.get("port", "")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise web.HTTPBadRequest(text="?port= must be a port number 1-65535")
+        if wait := self._doctor_limit.take(src):
+            raise web.HTTPTooManyRequests(text=f"one connect-back test every 2s per address: retry in {wait:.1f}s")
+        assert self._prober
+        url = relay_url(src, int(port))
+        status, key, detail = await self._prober.reach(url, None)
+        reachable = status in ("ok", "not_relay")
+        return _json(ReachTest(src, url, reachable, key if status == "ok" else None, detail))
 
     async def _latest(self, request: web.Request) -> web.Response:
         """Long poll: answers at once if something newer than `after` exists, else when it is published."""
@@ -280,15 +372,6 @@ class Origin:
 
 
 def _status(status: int, text: str) -> web.HTTPException:
-    cls = {400: web.HTTPBadRequest, 403: web.HTTPForbidden, 404: web.HTTPNotFound, 410: web.HTTPGone}
+    cls = {400: web.HTTPBadRequest, 403: web.HTTPForbidden, 404: web.HTTPNotFound, 409: web.HTTPConflict,
+           410: web.HTTPGone, 429: web.HTTPTooManyRequests, 503: web.HTTPServiceUnavailable}
     return cls.get(status, web.HTTPBadRequest)(text=text)
-
-
-def _valid_url(url: str) -> bool:
-    from yarl import URL
-
-    try:
-        u = URL(url)
-    except ValueError:
-        return False
-    return u.scheme == "http" and bool(u.host) and u.port is not None and u.path in ("", "/") and len(url) < 256

@@ -3,6 +3,9 @@
 Piece i comes down tree i mod k from this peer's parent in that tree. A piece is written to disk and served
 on only after its sha256 matches the signed manifest. Children may ask for a piece before we have it; the
 request is held until it's verified here, which pipelines the tree piece by piece.
+
+A parent that does not answer is bypassed within about a piece time (sourcing.py); the tracker side of
+membership (signed join, heartbeats, reports, the connect-back answer) is membership.py's.
 """
 
 from __future__ import annotations
@@ -15,39 +18,32 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
-import msgspec
 from aiohttp import web
+from yarl import URL
 
 from swarm_common.http import start_site
-from swarm_common.keys import fingerprint
+from swarm_common.keys import KeyPair, fingerprint
 
+from .addresses import is_loopback, parse_relay_url
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest
-from .messages import Join, Joined, Latest, Leave, PeerHeartbeat, Report, TreeSources, decode
+from .membership import Evicted, FetchError, Membership
+from .messages import Leave
 from .ratelimit import RateLimiter
 from .serving import serve_piece
+from .sourcing import MIN_FIRST_BYTE_S, Sourcing
 from .store import Store, VersionState
 
+__all__ = ["Evicted", "FetchError", "Peer"]
 log = logging.getLogger("broadcast.peer")
-MAX_FAILURES_PER_PIECE = 20
-TEMP_BLACKLIST_S = 30.0
-RECV_CHUNK = 1 << 20  # a piece arrives in a few reads, not one per 64 KiB
 
 
-class FetchError(RuntimeError):
-    """A version could not be fetched and verified; nothing partial is ever returned."""
-
-
-class Evicted(FetchError):
-    """The tracker removed this peer (e.g. it was caught serving corrupt data)."""
-
-
-class Peer:
+class Peer(Membership, Sourcing):
     def __init__(
         self,
         tracker_url: str,
         data_dir: Path | str,
         trusted_public: bytes,
-        host: str = "127.0.0.1",
+        host: str | None = None,
         port: int = 0,
         relay: bool = True,
         keep: int = 3,
@@ -59,14 +55,26 @@ class Peer:
         window: int = 2,
         stall_timeout: float = 30.0,
         progress: bool = False,
+        keypair: KeyPair | None = None,
+        advertise: str | None = None,
+        first_byte_timeout: float = 1.0,
     ):
         """`follow`: fetch every newly published version automatically (relays must, to serve children).
-        `window`: requests in flight per tree, keeps each parent's pipe full across piece boundaries."""
+        `window`: requests in flight per tree, keeps each parent's pipe full across piece boundaries.
+        `host`: the relay's listen address (None: 127.0.0.1 when the tracker is on loopback, else all
+        interfaces). `advertise`: http://HOST:PORT others reach the relay at, when that is not the address
+        the tracker sees us at (NAT, port forwarding). `keypair`: this peer's identity in the tree (a node
+        passes its node key; None: a throwaway key). `first_byte_timeout`: the longest a source may stay
+        silent before the next ancestor is asked in parallel."""
         if len(trusted_public) != 32:
             raise ValueError("trusted_public must be a 32-byte ed25519 public key")
+        if advertise is not None:
+            parse_relay_url(advertise)  # ValueError: not a plain http://host:port
         self.tracker_url = tracker_url.rstrip("/")
         self.store = Store(data_dir, keep)
         self.trusted_public = trusted_public
+        if host is None:
+            host = "127.0.0.1" if is_loopback(URL(self.tracker_url).host or "") else "0.0.0.0"
         self.host, self.port = host, port
         self.relay = relay
         self.limiter = RateLimiter(upload_rate)
@@ -76,7 +84,13 @@ class Peer:
         self.window = max(1, window)
         self.stall_timeout = stall_timeout
         self.progress = progress
-        self.url: str | None = None
+        self.keypair = keypair or KeyPair.generate()
+        self.advertise = advertise
+        self.first_byte_timeout = max(MIN_FIRST_BYTE_S, first_byte_timeout)
+        self.url: str | None = None  # as the tracker gives it to others
+        self.observed_host = ""
+        self.reachable: bool | None = None
+        self._leaf_only = False
         self.peer_id: str | None = None
         self._token = ""
         self.trees = 1
@@ -85,40 +99,49 @@ class Peer:
         self.known_latest: int | None = None
         self.states: dict[int, VersionState] = {}
         self.evicted: str | None = None
+        self.served_bytes = 0
+        self.received: dict[str, int] = {}
+        self.bypasses = 0  # pieces for which an alternate source was asked in parallel
+        self._answer_s: float | None = None  # smoothed time to a source's answer
         self._downloads: dict[int, asyncio.Task] = {}
         self._blacklist: dict[str, float] = {}
         self._changed = asyncio.Condition()  # states/latest changed
         self._hb_now = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._bg: set[asyncio.Task] = set()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------
     async def start(self) -> None:
+        """Serve (if a relay), then join the tracker: retried with backoff until it answers."""
         log.info("pinned trainer key fingerprint %s", fingerprint(self.trusted_public))
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=self.stall_timeout),
             connector=aiohttp.TCPConnector(limit=0),
         )
         self.states.update(await asyncio.to_thread(self.store.scan_complete, self.trusted_public))
+        app = web.Application(client_max_size=4096)
+        app.add_routes(
+            [
+                web.get("/health", self._health),
+                web.get("/reach", self._reach),
+                web.get("/v/{version}/piece/{index}", self._piece),
+            ]
+        )
         if self.relay:
-            app = web.Application(client_max_size=4096)
-            app.add_routes(
-                [
-                    web.get("/health", self._health),
-                    web.get("/v/{version}/piece/{index}", self._piece),
-                ]
-            )
             self._runner, self.port = await start_site(app, self.host, self.port, shutdown_timeout=1.0)
-            self.url = f"http://{self.host}:{self.port}"
-        await self._check_tracker_key()
-        await self._join()
+        else:
+            self.port = None  # type: ignore[assignment]
+        await self._connect()
         self._tasks = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._watch_loop())]
+        if self.peer_id:
+            await self._heartbeat_once()
 
     async def stop(self) -> None:
-        for t in [*self._tasks, *self._downloads.values()]:
+        for t in [*self._tasks, *self._downloads.values(), *self._bg]:
             t.cancel()
-        await asyncio.gather(*self._tasks, *self._downloads.values(), return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._downloads.values(), *self._bg, return_exceptions=True)
         self._tasks.clear()
         if self._session and self.peer_id and not self.evicted:
             try:
@@ -167,144 +190,6 @@ class Peer:
         if self.evicted:
             raise Evicted(self.evicted)
         return self.states[self.complete_versions()[-1]].dir
-
-    # -- tracker ----------------------------------------------------------------------------------------
-    async def _post(self, path: str, msg: msgspec.Struct, timeout: float = 10) -> tuple[int, bytes]:
-        assert self._session
-        async with self._session.post(
-            self.tracker_url + path,
-            data=msgspec.json.encode(msg),
-            headers={"Content-Type": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as r:
-            return r.status, await r.content.read(1 << 20)
-
-    async def _check_tracker_key(self) -> None:
-        assert self._session
-        for attempt in range(20):
-            try:
-                async with self._session.get(self.tracker_url + "/info", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                    info = msgspec.json.decode(await r.content.read(4096))
-                break
-            except (TimeoutError, aiohttp.ClientError, OSError, msgspec.DecodeError) as e:
-                if attempt == 19:
-                    raise FetchError(f"tracker {self.tracker_url} unreachable: {e}") from e
-                await asyncio.sleep(0.5)
-        theirs = info.get("public_key") if isinstance(info, dict) else None
-        if theirs != self.trusted_public.hex():
-            # Not fatal on its own (manifests are what we check), but almost surely a misconfiguration.
-            log.error("tracker signs with key %s, but we pin %s: its manifests will be refused",
-                      fingerprint(theirs) if isinstance(theirs, str) and len(theirs) == 64 else "?",
-                      fingerprint(self.trusted_public))
-
-    async def _join(self) -> None:
-        status, body = await self._post("/join", Join(self.url, self.relay and self.url is not None, self.name))
-        if status != 200:
-            raise FetchError(f"tracker refused join: {status} {body[:200].decode(errors='replace')}")
-        j = decode(body, Joined)
-        if not 1 <= j.trees <= 64 or not 0.05 <= j.heartbeat_interval <= 600:
-            raise FetchError(f"tracker sent an implausible config: {j}")
-        self.peer_id, self._token, self.trees, self.heartbeat_interval = (
-            j.peer_id, j.token, j.trees, j.heartbeat_interval)
-        self.sources = [[self.tracker_url] for _ in range(self.trees)]
-        log.info("joined %s as %s (%s), %d trees", self.tracker_url, self.peer_id, self.url or "no relay", self.trees)
-        await self._heartbeat_once()
-
-    async def _heartbeat_once(self) -> None:
-        assert self.peer_id
-        progress = {v: st.n_have for v, st in self.states.items() if not st.complete}
-        msg = PeerHeartbeat(self.peer_id, self._token, self.complete_versions(), progress)
-        try:
-            status, body = await self._post("/heartbeat", msg)
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            log.warning("heartbeat failed (%s); keeping current parents", e)
-            return
-        if status == 404:
-            log.warning("tracker forgot us; joining again")
-            await self._join()
-            return
-        if status == 410:
-            await self._set_evicted(body[:300].decode(errors="replace"))
-            return
-        if status != 200:
-            log.warning("heartbeat refused: %s %s", status, body[:200])
-            return
-        try:
-            a = decode(body, TreeSources)
-            if len(a.sources) != self.trees or not all(
-                0 < len(c) <= 64 and all(u.startswith("http://") and len(u) < 256 for u in c) for c in a.sources
-            ):
-                raise ValueError("malformed sources")
-        except (msgspec.DecodeError, ValueError) as e:
-            log.warning("bad assignment from tracker: %s", e)
-            return
-        self.sources = a.sources
-        if a.latest is not None:
-            await self._note_latest(a.latest)
-
-    async def _set_evicted(self, why: str) -> None:
-        log.error("evicted by the tracker: %s", why)
-        self.evicted = why
-        for t in self._downloads.values():
-            t.cancel()
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def _heartbeat_loop(self) -> None:
-        while not self.evicted:
-            try:
-                async with asyncio.timeout(self.heartbeat_interval):
-                    await self._hb_now.wait()
-            except TimeoutError:
-                pass
-            self._hb_now.clear()
-            try:
-                await self._heartbeat_once()
-            except FetchError as e:
-                log.warning("%s", e)
-
-    async def _query_latest(self, after: int | None = None, wait: float = 0) -> int | None:
-        assert self._session
-        q = f"?after={after}&wait={wait}" if after is not None else ""
-        async with self._session.get(
-            f"{self.tracker_url}/latest{q}", timeout=aiohttp.ClientTimeout(total=wait + 10)
-        ) as r:
-            if r.status != 200:
-                raise FetchError(f"tracker /latest answered {r.status}")
-            lat = decode(await r.content.read(1 << 16), Latest)
-        return lat.latest
-
-    async def _watch_loop(self) -> None:
-        """Long-poll the tracker so a new version starts flowing at once, not at the next heartbeat."""
-        while not self.evicted:
-            try:
-                latest = await self._query_latest(self.known_latest if self.known_latest is not None else -1, 20)
-                if latest is not None:
-                    await self._note_latest(latest)
-            except (TimeoutError, aiohttp.ClientError, OSError, FetchError, msgspec.DecodeError) as e:
-                log.warning("watching the tracker failed (%s)", e)
-                await asyncio.sleep(1)
-
-    async def _note_latest(self, latest: int) -> None:
-        if latest < 0 or (self.known_latest is not None and latest <= self.known_latest):
-            return
-        self.known_latest = latest
-        async with self._changed:
-            self._changed.notify_all()
-        if self.follow:
-            self._ensure_download(latest)
-
-    async def _report(self, url: str, reason: str, version: int, piece: int, detail: str) -> None:
-        log.warning("reporting %s as %s (v%d piece %d): %s", url, reason, version, piece, detail)
-        if not self.peer_id:
-            return
-        try:
-            status, body = await self._post(
-                "/report", Report(self.peer_id, self._token, url, reason, version, piece, detail[:200]))  # type: ignore[arg-type]
-            log.info("tracker on %s: %s %s", url, status, body[:100].decode(errors="replace"))
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            log.warning("could not report %s: %s", url, e)
-        self._hb_now.set()  # fetch the new assignment now
 
     # -- downloading ------------------------------------------------------------------------------------
     def _ensure_download(self, version: int) -> asyncio.Task:
@@ -395,77 +280,6 @@ class Peer:
                 if bar:
                     bar.update(st.pieces[i].size)
 
-    def _chain(self, tree: int) -> list[str]:
-        now = time.monotonic()
-        chain = [u for u in self.sources[tree % len(self.sources)] if self._blacklist.get(u, 0) < now]
-        if not chain or chain[-1] != self.tracker_url:
-            chain.append(self.tracker_url)  # the origin is the root of every tree
-        return chain
-
-    async def _fetch_piece(self, st: VersionState, index: int, tree: int) -> None:
-        failures = 0
-        while True:
-            if self.evicted:
-                raise Evicted(self.evicted)
-            for src in self._chain(tree):
-                outcome = await self._try_source(src, st, index)
-                if outcome == "ok":
-                    return
-                if outcome == "absent":
-                    if src == self.tracker_url:
-                        raise FetchError(f"v{st.version} is no longer served by the origin")
-                    continue  # not held there (e.g. retired): try the next ancestor for this piece
-                failures += 1
-                break
-            if failures >= MAX_FAILURES_PER_PIECE:
-                raise FetchError(f"v{st.version} piece {index}: {failures} failed attempts, giving up")
-            await asyncio.sleep(min(0.1 * failures, 2.0))
-
-    async def _try_source(self, src: str, st: VersionState, index: int) -> str:
-        """Fetch one piece from one source; 'ok', 'absent' (404), or 'failed' (reported + avoided)."""
-        assert self._session
-        ref = st.pieces[index]
-        reason, detail = "dead", ""
-        try:
-            async with self._session.get(f"{src}/v/{st.version}/piece/{index}",
-                                         headers={"X-Peer": self.peer_id or ""}) as r:
-                if r.status == 404:
-                    return "absent"
-                if r.status != 200:
-                    reason, detail = ("stall" if r.status == 503 else "dead"), f"HTTP {r.status}"
-                elif r.content_length is not None and r.content_length != ref.size:
-                    reason, detail = "corrupt", f"length {r.content_length} != {ref.size}"
-                else:
-                    chunks, got = [], 0
-                    async for chunk in r.content.iter_chunked(RECV_CHUNK):
-                        chunks.append(chunk)
-                        got += len(chunk)
-                        if got > ref.size:
-                            break
-                    buf = b"".join(chunks)
-                    if len(buf) != ref.size:
-                        reason, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"
-                    # Hashing in a thread (hashlib lets go of the GIL): the loop goes on receiving meanwhile.
-                    elif not await asyncio.to_thread(ref.matches, buf):
-                        reason, detail = "corrupt", "sha256 mismatch"
-                    elif st.abandoned:
-                        return "ok"  # the download was dropped meanwhile; nothing to write
-                    else:
-                        if not st.have[index]:
-                            st.write_piece(index, buf)  # on the loop: abandon() closes these files there
-                            st.mark(index)
-                        return "ok"
-        except TimeoutError:
-            reason, detail = "stall", f"no data for {self.stall_timeout}s"
-        except (aiohttp.ClientError, OSError) as e:
-            reason, detail = "dead", f"{type(e).__name__}: {e}"
-        if src == self.tracker_url:
-            log.warning("origin failed for v%d piece %d (%s): retrying", st.version, index, detail)
-            return "failed"
-        self._blacklist[src] = float("inf") if reason == "corrupt" else time.monotonic() + TEMP_BLACKLIST_S
-        await self._report(src, reason, st.version, index, detail)
-        return "failed"
-
     # -- serving ----------------------------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "versions": self.complete_versions()})
@@ -482,7 +296,10 @@ class Peer:
             st = self.states.get(version)
         return st
 
+    def _sent(self, n: int) -> None:
+        self.served_bytes += n
+
     async def _piece(self, request: web.Request) -> web.StreamResponse:
         if self.evicted:
             raise web.HTTPNotFound(text="evicted")
-        return await serve_piece(request, self._lookup, self.limiter, self.stall_timeout * 0.6)
+        return await serve_piece(request, self._lookup, self.limiter, self.stall_timeout * 0.6, self._sent)

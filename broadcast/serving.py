@@ -25,25 +25,34 @@ async def serve_piece(
     lookup: Callable[[int], Awaitable[VersionState | None]],
     limiter: RateLimiter,
     wait_timeout: float,
+    on_sent: Callable[[int], None] | None = None,
 ) -> web.StreamResponse:
     version = parse_int(request.match_info["version"], MAX_VERSION, "version")
     st = await lookup(version)
     if st is None:
         raise web.HTTPNotFound(text=f"version {version} not held here")
     index = parse_int(request.match_info["index"], len(st.pieces) - 1, "piece index")
-    # Pipelining: a child may ask for a piece we are still receiving; hold the request until it's verified.
-    if not await st.wait_piece(index, wait_timeout):
-        if st.abandoned:
-            raise web.HTTPNotFound(text=f"version {version} dropped here")
-        raise web.HTTPServiceUnavailable(text=f"piece {index} of v{version} not here yet")
+    if st.abandoned:
+        raise web.HTTPNotFound(text=f"version {version} dropped here")
     ref = st.pieces[index]
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     resp.content_length = ref.size
-    await resp.prepare(request)
+    # Answer at once, even for a piece still on its way here (pipelining: the request is held until it is
+    # verified): the child sees this source is alive, and can tell it from one that never answers.
+    try:
+        await resp.prepare(request)
+    except ConnectionResetError:  # the child gave up already (it got the piece elsewhere)
+        return resp
+    if not await st.wait_piece(index, wait_timeout):
+        log.info("v%d piece %d did not arrive in %.0fs; cutting the answer short", version, index, wait_timeout)
+        resp.force_close()
+        return resp
     try:
         for chunk in st.read_chunks(index):
             await limiter.acquire(len(chunk))
             await resp.write(chunk)
+            if on_sent:
+                on_sent(len(chunk))
     except FileNotFoundError:
         # Retention removed it mid-send; the child sees a short body and goes elsewhere.
         log.info("v%d piece %d vanished while serving", version, index)

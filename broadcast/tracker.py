@@ -1,9 +1,14 @@
-"""Tracker state: membership, liveness, and each peer's place in the k trees (SplitStream layout).
+"""Tracker state: keyed membership, standing, liveness, and each peer's place in the k trees (SplitStream).
 
 Piece i travels down tree i mod k. Every relay peer is interior in exactly one tree (its `group`) and a leaf
 in all the others, so each relay uploads about what it downloads: fanout f = k children x S/k bytes = S.
 Within a tree the group forms an f-ary heap under the origin; every other peer hangs off a free slot,
-shallowest first. Peers that can't relay (--no-relay, or demoted for being slow) are leaves everywhere.
+shallowest first. Peers that can't relay (--no-relay, unreachable, or demoted) are leaves everywhere.
+
+Identities are free, so a fresh key is trusted with nothing: members with standing (keys the trainer calls
+established, and relays that have shown they upload) take the top of every tree and the first free slots;
+fresh relays form a heap of their own below them, serving only other fresh peers, until they show they
+upload. No fresh key ever sits between the origin and a peer with standing.
 """
 
 from __future__ import annotations
@@ -15,11 +20,15 @@ from dataclasses import dataclass, field
 
 from .messages import Banned, Join, Joined, PeerHeartbeat, PeerView, TreeSources, TreeView
 
+MAX_BANNED = 10_000
+PENALTY_DECAY_S = 60.0  # one unconfirmed report forgiven per minute
+
 
 class TrackerError(Exception):
-    def __init__(self, status: int, msg: str):
+    def __init__(self, status: int, msg: str, reason: str = "refused"):
         super().__init__(msg)
         self.status = status
+        self.reason = reason
 
 
 @dataclass
@@ -30,21 +39,33 @@ class PeerRec:
     url: str | None
     relay: bool
     seq: int
+    key: str = ""
     group: int | None = None
     last_hb: float = field(default_factory=time.monotonic)
     complete: list[int] = field(default_factory=list)
     progress: dict[int, int] = field(default_factory=dict)
     strikes: int = 0
-    reporters: set[str] = field(default_factory=set)
+    reporters: set[str] = field(default_factory=set)  # keys with standing that reported it stalling
     demoted: bool = False
+    reachable: bool | None = None
+    reach_error: str = ""
+    served_bytes: int = 0  # what it says it uploaded
+    confirmed: dict[str, int] = field(default_factory=dict)  # child key (with standing) -> bytes received
+    rechecked: float = 0.0  # when the origin last connected back to it (unreachable relays are re-checked)
 
     @property
     def interior_capable(self) -> bool:
-        return self.relay and self.url is not None and not self.demoted
+        return self.relay and self.url is not None and self.reachable is not False and not self.demoted
+
+    @property
+    def uploaded(self) -> int:
+        """Bytes it uploaded by both accounts: its own claim, capped by what children with standing saw."""
+        return min(self.served_bytes, sum(self.confirmed.values()))
 
 
 class Tracker:
-    def __init__(self, origin_url: str, trees: int, fanout: int, heartbeat_interval: float = 2.0):
+    def __init__(self, origin_url: str, trees: int, fanout: int, heartbeat_interval: float = 2.0, *,
+                 max_peers: int = 1000, penalty_limit: float = 5.0, prove_bytes: int = 1 << 16):
         if trees < 1 or fanout < 1:
             raise ValueError("trees and fanout must be >= 1")
         self.origin_url = origin_url
@@ -52,32 +73,113 @@ class Tracker:
         self.fanout = fanout
         self.heartbeat_interval = heartbeat_interval
         self.dead_after = 3 * heartbeat_interval + 1.0
+        self.max_peers = max_peers
+        self.penalty_limit = penalty_limit
+        self.prove_bytes = prove_bytes
         self.peers: dict[str, PeerRec] = {}
-        self.banned: dict[str, Banned] = {}
-        self.banned_urls: set[str] = set()
+        self.banned: dict[str, Banned] = {}  # by peer_id (what a banned member's heartbeats are told)
+        self.banned_keys: dict[str, Banned] = {}
+        self.banned_urls: set[str] = set()  # served confirmed corrupt data from there (proven theirs)
+        self.trusted: set[str] = set()  # keys the trainer calls established
+        self.proven: set[str] = set()  # keys that have shown they upload
+        self.penalty: dict[str, tuple[float, float]] = {}  # key -> (unconfirmed-report points, at)
+        self.refused: collections.Counter[str] = collections.Counter()
         self.events: collections.deque[str] = collections.deque(maxlen=200)
         self._seq = 0
         self._topo: tuple[list[dict[str, str | None]], list[dict[str | None, list[str]]]] | None = None
 
-    # -- membership -------------------------------------------------------------------------------------
+    # -- standing -------------------------------------------------------------------------------------
     def event(self, msg: str) -> None:
         self.events.append(f"{time.strftime('%H:%M:%S')} {msg}")
 
-    def join(self, msg: Join) -> Joined:
-        if msg.url is not None and msg.url in self.banned_urls:
-            raise TrackerError(403, f"{msg.url} was removed for serving corrupt data")
-        if msg.url is not None:
-            for p in list(self.peers.values()):
-                if p.url == msg.url:  # the same address rejoining (restart): the old record is stale
-                    self.remove(p.peer_id, "rejoined")
+    def count(self, reason: str, msg: str | None = None) -> None:
+        self.refused[reason] += 1
+        if msg:
+            self.event(msg)
+
+    def points(self, key: str) -> float:
+        pts, at = self.penalty.get(key, (0.0, 0.0))
+        return max(0.0, pts - (time.monotonic() - at) / PENALTY_DECAY_S)
+
+    def penalize(self, key: str, why: str) -> None:
+        """An unconfirmed report: it costs the reporter, never the accused."""
+        pts = self.points(key) + 1.0
+        self.penalty.pop(key, None)  # re-inserted last: the bound forgets the keys quiet the longest
+        self.penalty[key] = (pts, time.monotonic())
+        while len(self.penalty) > MAX_BANNED:
+            del self.penalty[next(iter(self.penalty))]
+        self.count("unconfirmed_report", f"unconfirmed report by {key[:12]}: {why}")
+
+    def has_standing(self, rec: PeerRec) -> bool:
+        """Its reports count: the trainer established its key, or it has shown it uploads, and it has not
+        made many reports the origin could not confirm."""
+        return (rec.key in self.trusted or rec.key in self.proven) and self.points(rec.key) <= self.penalty_limit - 1
+
+    def set_trusted(self, key: str, trusted: bool = True) -> None:
+        (self.trusted.add if trusted else self.trusted.discard)(key)
+        self._topo = None
+
+    def prove(self, rec: PeerRec, how: str) -> None:
+        if rec.key not in self.proven:
+            self.proven.add(rec.key)
+            self._topo = None
+            self.event(f"{rec.peer_id} {rec.name} has shown it uploads ({how})")
+
+    def _ranked(self, rec: PeerRec) -> bool:
+        return rec.key in self.trusted or rec.key in self.proven
+
+    # -- membership -----------------------------------------------------------------------------------
+    def check_admission(self, key: str, url: str | None) -> None:
+        """Refusals that need no network: a banned key or address, a full tracker."""
+        if key in self.banned_keys:
+            raise TrackerError(403, f"key {key[:16]}... is banned: {self.banned_keys[key].reason}", "banned_key")
+        if url is not None and url in self.banned_urls:
+            raise TrackerError(403, f"{url} was removed for serving corrupt data", "banned_url")
+        if len(self.peers) >= self.max_peers and not any(p.key == key for p in self.peers.values()):
+            self.reap()
+            if len(self.peers) >= self.max_peers:
+                raise TrackerError(503, f"the tracker holds its maximum of {self.max_peers} peers", "full")
+
+    def url_holder(self, url: str, key: str) -> PeerRec | None:
+        """The live member of another key holding `url`, if any."""
+        return next((p for p in self.peers.values() if p.url == url and p.key != key), None)
+
+    def join(self, msg: Join, *, key: str | None = None, url: str | None = None, reachable: bool | None = True,
+             reach_error: str = "", observed_host: str = "") -> Joined:
+        """Admit a member. `key` is its verified identity (None: an in-process caller, given a throwaway
+        one); `url` its checked address (default msg.url); `reachable` what the connect-back found."""
+        url = msg.url if url is None else url
+        key = key or "anon-" + secrets.token_hex(8)
+        self.check_admission(key, url)
+        if url is not None and (holder := self.url_holder(url, key)) is not None:
+            raise TrackerError(409, f"{url} is held by another live peer ({holder.peer_id})", "url_taken")
+        for p in [p for p in self.peers.values() if p.key == key]:
+            self.remove(p.peer_id, "rejoined")  # one live membership per key: a restart replaces it
         self._seq += 1
-        rec = PeerRec(secrets.token_hex(8), secrets.token_hex(16), msg.name[:64], msg.url, msg.relay, self._seq)
+        relay = msg.relay and url is not None
+        rec = PeerRec(secrets.token_hex(8), secrets.token_hex(16), msg.name[:64], url, relay, self._seq, key,
+                      reachable=reachable if relay else None, reach_error=reach_error[:200])
         if rec.interior_capable:
             rec.group = self._smallest_group()
         self.peers[rec.peer_id] = rec
         self._topo = None
-        self.event(f"join {rec.peer_id} {rec.name} {rec.url or '(no relay)'} group={rec.group}")
-        return Joined(rec.peer_id, rec.token, self.trees, self.heartbeat_interval)
+        self.event(f"join {rec.peer_id} {rec.name} {rec.url or '(no relay)'} key={key[:12]} group={rec.group}"
+                   + ("" if rec.reachable is not False else " (not reachable: leaf)"))
+        return Joined(rec.peer_id, rec.token, self.trees, self.heartbeat_interval, rec.url, observed_host,
+                      rec.reachable, rec.reach_error)
+
+    def set_reachable(self, rec: PeerRec, reachable: bool, error: str = "") -> None:
+        if rec.reachable == reachable:
+            return
+        rec.reachable, rec.reach_error = reachable, error[:200]
+        if reachable and rec.interior_capable and rec.group is None:
+            rec.group = self._smallest_group()
+        elif not reachable and rec.group is not None:
+            rec.group = None
+            self._rebalance()
+        self._topo = None
+        self.event(f"{rec.peer_id} {rec.name} {'reachable again' if reachable else 'not reachable: leaf'}"
+                   + (f" ({error})" if error else ""))
 
     def _group_sizes(self) -> list[int]:
         sizes = [0] * self.trees
@@ -115,7 +217,18 @@ class Tracker:
         rec.last_hb = time.monotonic()
         rec.complete = sorted(msg.complete)[-64:]
         rec.progress = dict(list(msg.progress.items())[:64])
-        return TreeSources(latest, self.sources(rec.peer_id))
+        rec.served_bytes = max(0, msg.served_bytes)
+        if self.has_standing(rec):
+            # What it received from each parent: evidence that parent uploads, if the parent says so too.
+            for url, n in list(msg.received.items())[:64]:
+                src = self.by_url(url)
+                if src is not None and src is not rec and n > 0:
+                    src.confirmed[rec.key] = n
+                    if len(src.confirmed) > 256:
+                        del src.confirmed[next(iter(src.confirmed))]
+                    if src.uploaded >= self.prove_bytes:
+                        self.prove(src, f"{src.uploaded} bytes confirmed by its children")
+        return TreeSources(latest, self.sources(rec.peer_id), rec.reachable)
 
     def remove(self, peer_id: str, why: str) -> None:
         rec = self.peers.pop(peer_id, None)
@@ -128,17 +241,33 @@ class Tracker:
 
     def ban(self, peer_id: str, reason: str, reporter: str) -> None:
         rec = self.peers.get(peer_id)
-        url = rec.url if rec else None
-        self.banned[peer_id] = Banned(peer_id, url, reason, reporter, time.time())
+        url, key = (rec.url, rec.key) if rec else (None, "")
+        b = Banned(peer_id, url, reason, reporter, time.time(), key)
+        self.banned[peer_id] = b
+        if key:
+            self.banned_keys[key] = b
         if url:
             self.banned_urls.add(url)
+        for d in (self.banned, self.banned_keys):
+            while len(d) > MAX_BANNED:
+                del d[next(iter(d))]
         self.remove(peer_id, f"banned: {reason}")
+
+    def ban_key(self, key: str, reason: str, by: str = "trainer") -> None:
+        """Ban an identity, member or not (the trainer's bans are the tree's too)."""
+        members = [p.peer_id for p in self.peers.values() if p.key == key]
+        for pid in members:
+            self.ban(pid, reason, by)
+        if not members:
+            self.banned_keys[key] = Banned("", None, reason, by, time.time(), key)
+        self.event(f"key {key[:12]} banned by {by}: {reason}")
 
     def demote(self, peer_id: str, why: str) -> None:
         rec = self.peers.get(peer_id)
         if rec and not rec.demoted:
             rec.demoted = True
             rec.group = None
+            self.proven.discard(rec.key)
             self._topo = None
             self._rebalance()
             self.event(f"demote {peer_id} to leaf ({why})")
@@ -156,7 +285,7 @@ class Tracker:
                 return p
         return None
 
-    # -- topology ---------------------------------------------------------------------------------------
+    # -- topology -------------------------------------------------------------------------------------
     def topology(self) -> tuple[list[dict[str, str | None]], list[dict[str | None, list[str]]]]:
         """Per tree: parent of each peer (None = origin) and children of each node (None key = origin)."""
         if self._topo is not None:
@@ -167,18 +296,34 @@ class Tracker:
         for t in range(self.trees):
             par: dict[str, str | None] = {}
             kids: dict[str | None, list[str]] = collections.defaultdict(list)
-            interior = [p.peer_id for p in ordered if p.group == t and p.interior_capable]
-            for j, pid in enumerate(interior):
-                parent = None if j == 0 else interior[(j - 1) // self.fanout]
+
+            def attach(pid: str, parent: str | None, par=par, kids=kids) -> None:
                 par[pid] = parent
                 kids[parent].append(pid)
-            slots = iter([pid for pid in interior for _ in range(self.fanout - len(kids[pid]))])
+
+            def free(nodes: list[str], kids=kids) -> list[str]:  # slots, shallowest first
+                return [pid for pid in nodes for _ in range(self.fanout - len(kids[pid]))]
+
+            interior = [p for p in ordered if p.group == t and p.interior_capable]
+            top = [p.peer_id for p in interior if self._ranked(p)]
+            trial = [p.peer_id for p in interior if not self._ranked(p)]
+            for j, pid in enumerate(top):
+                attach(pid, None if j == 0 else top[(j - 1) // self.fanout])
+            top_slots = free(top)
+            k = 0
+            for p in ordered:  # leaves with standing first, in the slots under peers with standing
+                if p.peer_id not in par and self._ranked(p):
+                    attach(p.peer_id, top_slots[k] if k < len(top_slots) else None)
+                    k += 1
+            # Fresh relays: a heap of their own, hung from the slots left (the origin's when none are).
+            left = top_slots[k:]
+            roots: list[str | None] = list(left[: len(trial)]) or [None]
+            for j, pid in enumerate(trial):
+                attach(pid, roots[j] if j < len(roots) else trial[(j - len(roots)) // self.fanout])
+            slots = iter([*left[len(trial):], *free(trial)])
             for p in ordered:
-                if p.peer_id in par:
-                    continue
-                parent = next(slots, None)  # None: no free slot left, the origin takes it
-                par[p.peer_id] = parent
-                kids[parent].append(p.peer_id)
+                if p.peer_id not in par:
+                    attach(p.peer_id, next(slots, None))  # None: no free slot left, the origin takes it
             parents.append(par)
             children.append(dict(kids))
         self._topo = (parents, children)
@@ -205,28 +350,14 @@ class Tracker:
         now = time.monotonic()
         peers = [
             PeerView(
-                p.peer_id,
-                p.name,
-                p.url,
-                p.relay,
-                p.group,
-                p.complete,
-                p.progress,
-                round(now - p.last_hb, 2),
-                p.strikes,
-                [parents[t].get(p.peer_id) for t in range(self.trees)],
+                p.peer_id, p.name, p.url, p.relay, p.group, p.complete, p.progress, round(now - p.last_hb, 2),
+                p.strikes, [parents[t].get(p.peer_id) for t in range(self.trees)],
                 [children[t].get(p.peer_id, []) for t in range(self.trees)],
+                key=p.key, reachable=p.reachable, reach_error=p.reach_error, standing=self.has_standing(p),
+                proven=p.key in self.proven, uploaded=p.uploaded, demoted=p.demoted,
             )
             for p in sorted(self.peers.values(), key=lambda p: p.seq)
         ]
-        return TreeView(
-            self.origin_url,
-            self.trees,
-            self.fanout,
-            latest,
-            versions,
-            [children[t].get(None, []) for t in range(self.trees)],
-            peers,
-            list(self.banned.values()),
-            list(self.events),
-        )
+        return TreeView(self.origin_url, self.trees, self.fanout, latest, versions,
+                        [children[t].get(None, []) for t in range(self.trees)], peers,
+                        list(self.banned_keys.values())[-100:], list(self.events), dict(self.refused))

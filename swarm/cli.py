@@ -108,7 +108,8 @@ def cmd_relay(args) -> int:
     return asyncio.run(run_relay(
         args.tracker, Path(args.data_dir), load_public(args.trainer_key), host=args.relay_host,
         port=args.relay_port, relay=not args.no_relay, keep=args.keep, upload_rate=args.upload_rate,
-        name=args.name, stall_timeout=args.stall_timeout, progress=args.progress, exit_after=args.exit_after))
+        name=args.name, stall_timeout=args.stall_timeout, progress=args.progress, exit_after=args.exit_after,
+        advertise=args.advertise, first_byte_timeout=args.first_byte_timeout))
 
 
 def cmd_tree(args) -> int:

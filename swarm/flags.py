@@ -42,7 +42,8 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
     return overrides
 
 
-def add_peer_flags(p: argparse.ArgumentParser, *, data_dir: str | None, key_help: str) -> None:
+def add_peer_flags(p: argparse.ArgumentParser, *, data_dir: str | None, key_help: str,
+                   relay_host: str | None) -> None:
     """What a node and a relay both read: where they keep their files, the trainer's key they pin, and
     how their relay serves others."""
     p.add_argument("--data-dir", default=data_dir, required=data_dir is None,
@@ -51,13 +52,25 @@ def add_peer_flags(p: argparse.ArgumentParser, *, data_dir: str | None, key_help
     p.add_argument("--trainer-key", help=key_help)
     p.add_argument("--trusted-key", dest="trainer_key", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # the old name, still read
     p.add_argument("--no-relay", action="store_true", help="download versions but serve no other peer")
-    p.add_argument("--relay-host", default="127.0.0.1", help="address this peer's relay listens on")
-    p.add_argument("--relay-port", type=int, default=0, help="port of this peer's relay (0: any free)")
+    p.add_argument("--relay-host", default=relay_host,
+                   help="address this peer's relay listens on" + (
+                       " (default: 127.0.0.1 when the trainer is on this machine's loopback, else all "
+                       "interfaces, 0.0.0.0)" if relay_host is None else f" (default {relay_host}; 0.0.0.0: all "
+                       "interfaces, needed for peers on other machines to reach it)"))
+    p.add_argument("--relay-port", type=int, default=0,
+                   help="port of this peer's relay (0: any free; fix one to open or forward it in a firewall)")
+    p.add_argument("--advertise", metavar="http://HOST:PORT", default=None,
+                   help="the address other peers reach this relay at, when it is not the one the tracker sees "
+                   "this machine connect from with the relay's port: behind NAT with a forwarded port, a "
+                   "floating IP, a proxy. Without it the tracker reports the address it sees (as STUN does), "
+                   "connects back to check it, and makes this peer a download-only leaf if that fails")
+    p.add_argument("--first-byte-timeout", type=float, default=1.0,
+                   help="seconds a parent may stay silent on a piece before an ancestor is asked in parallel")
 
 
 def add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trainer", required=True, help="the trainer's node port, HOST:PORT or tcp://HOST:PORT")
-    add_peer_flags(p, data_dir=os.path.expanduser("~/.cache/rollout-swarm/node"),
+    add_peer_flags(p, data_dir=os.path.expanduser("~/.cache/rollout-swarm/node"), relay_host=None,
                    key_help="pin the trainer's public key (64 hex chars or a .pub file); without it the key "
                    "seen on first contact is pinned and its fingerprint printed")
     p.add_argument("--max-prompts", type=int, default=DEFAULT_MAX_PROMPTS, help="prompts to ask for per work request")
@@ -72,7 +85,8 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
 
 def add_relay_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracker", required=True, help="the trainer's origin/tracker URL, e.g. http://HOST:5557")
-    add_peer_flags(p, data_dir=None, key_help="the trainer's public key (64 hex chars or a .pub file): "
+    add_peer_flags(p, data_dir=None, relay_host="127.0.0.1",
+                   key_help="the trainer's public key (64 hex chars or a .pub file): "
                    "only versions it signed are fetched and forwarded (required)")
     # The relay's older names for --relay-host / --relay-port.
     p.add_argument("--host", dest="relay_host", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

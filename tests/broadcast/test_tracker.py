@@ -61,3 +61,65 @@ def test_removal_rebalances_and_non_relays_are_leaves():
     tr.ban(ids[1], "corrupt", ids[3])
     assert ids[1] not in tr.peers and "http://127.0.0.1:2001" in tr.banned_urls
     _check(tr)
+
+
+def _ancestors(parents: dict, pid: str) -> list[str]:
+    out, cur = [], parents[pid]
+    while cur is not None:
+        out.append(cur)
+        cur = parents[cur]
+    return out
+
+
+@pytest.mark.parametrize("n_ranked, n_fresh", [(0, 9), (2, 9), (6, 24), (9, 3)])
+def test_fresh_keys_never_sit_above_peers_with_standing(n_ranked, n_fresh):
+    tr = Tracker("http://127.0.0.1:1", trees=4, fanout=4)
+    fresh = [tr.join(Join(f"http://127.0.0.1:{3000 + i}", True, f"f{i}"), key=f"{i:064x}").peer_id
+             for i in range(n_fresh)]  # the fresh ones join first: join order must not help them
+    ranked = []
+    for i in range(n_ranked):
+        key = f"{i + 1000:064x}"
+        tr.set_trusted(key) if i % 2 else tr.proven.add(key)
+        ranked.append(tr.join(Join(f"http://127.0.0.1:{2000 + i}", True, f"r{i}"), key=key).peer_id)
+    tr.join(Join(None, False, "leaf"), key="ab" * 32)
+    _check(tr)
+    parents, _ = tr.topology()
+    for t in range(tr.trees):
+        for pid in ranked:
+            assert not set(_ancestors(parents[t], pid)) & set(fresh), "a fresh key above a peer with standing"
+    # With no one ranked, the fresh relays still make a tree (not a star from the origin).
+    if n_ranked == 0:
+        assert any(p is not None for t in range(tr.trees) for p in parents[t].values())
+
+
+def test_one_membership_per_key_and_one_key_per_url():
+    from broadcast.tracker import TrackerError
+
+    tr = Tracker("http://127.0.0.1:1", trees=2, fanout=2)
+    a = tr.join(Join("http://127.0.0.1:2001", True, "a"), key="aa" * 32)
+    a2 = tr.join(Join("http://127.0.0.1:2002", True, "a-restarted"), key="aa" * 32)
+    assert a.peer_id not in tr.peers and a2.peer_id in tr.peers
+    with pytest.raises(TrackerError) as e:
+        tr.join(Join("http://127.0.0.1:2002", True, "b"), key="bb" * 32)
+    assert e.value.status == 409 and a2.peer_id in tr.peers
+    tr.ban_key("aa" * 32, "test")
+    assert a2.peer_id not in tr.peers
+    with pytest.raises(TrackerError, match="banned"):
+        tr.join(Join("http://127.0.0.1:2003", True, "a-again"), key="aa" * 32)
+
+
+def test_unconfirmed_reports_cost_the_reporter_and_unreachable_is_a_leaf():
+    tr = Tracker("http://127.0.0.1:1", trees=2, fanout=2)
+    j = tr.join(Join("http://127.0.0.1:2001", True, "r"), key="cc" * 32)
+    rec = tr.peers[j.peer_id]
+    tr.proven.add(rec.key)
+    assert tr.has_standing(rec)
+    for _ in range(5):
+        tr.penalize(rec.key, "test")
+    assert not tr.has_standing(rec)
+    tr.set_reachable(rec, False, "connect-back failed")
+    assert rec.group is None and not rec.interior_capable
+    _, children = tr.topology()
+    assert not any(children[t].get(rec.peer_id) for t in range(2))
+    tr.set_reachable(rec, True)
+    assert rec.group is not None

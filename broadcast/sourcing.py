@@ -1,0 +1,188 @@
+"""Where a peer gets each piece: its parent in that piece's tree, and around a parent that stalls.
+
+A parent that does not answer is bypassed within about a piece time: when the newest request for a piece
+gets no answer (and no bytes) before a short deadline, the next ancestor is asked for the same piece in
+parallel, and the first intact copy wins. A source silent through the whole race is avoided for a while and
+reported; the tracker's own probes decide what happens to it. Mixed into `Peer` (peer.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from .membership import Evicted, FetchError
+
+if TYPE_CHECKING:
+    from .peer import Peer
+    from .store import VersionState
+
+log = logging.getLogger("broadcast.peer")
+MAX_FAILURES_PER_PIECE = 20
+TEMP_BLACKLIST_S = 30.0
+RECV_CHUNK = 1 << 20  # a piece arrives in a few reads, not one per 64 KiB
+MIN_FIRST_BYTE_S = 0.25  # never ask an alternate sooner than this (a loaded machine answers late)
+
+
+class _Try:
+    """One request for one piece from one source, as the race sees it."""
+
+    def __init__(self, src: str):
+        self.src = src
+        self.answered = False  # response headers came
+        self.got = 0  # body bytes so far
+        self.started = time.monotonic()
+        self.outcome = ""
+
+
+class Sourcing:
+    def _chain(self: Peer, tree: int) -> list[str]:
+        now = time.monotonic()
+        chain = [u for u in self.sources[tree % len(self.sources)] if self._blacklist.get(u, 0) < now]
+        if not chain or chain[-1] != self.tracker_url:
+            chain.append(self.tracker_url)  # the origin is the root of every tree
+        return chain
+
+    def _deadline(self: Peer) -> float:
+        """How long a source may stay silent before the next ancestor is asked too: a few times the usual
+        time to an answer, within [MIN_FIRST_BYTE_S, first_byte_timeout]."""
+        if self._answer_s is None:
+            return self.first_byte_timeout
+        return min(self.first_byte_timeout, max(MIN_FIRST_BYTE_S, 4 * self._answer_s))
+
+    async def _fetch_piece(self: Peer, st: VersionState, index: int, tree: int) -> None:
+        failures = 0
+        while True:
+            if self.evicted:
+                raise Evicted(self.evicted)
+            outcome = await self._race(st, index, self._chain(tree))
+            if outcome == "ok":
+                return
+            if outcome == "gone":
+                raise FetchError(f"v{st.version} is no longer served by the origin")
+            failures += 1
+            if failures >= MAX_FAILURES_PER_PIECE:
+                raise FetchError(f"v{st.version} piece {index}: {failures} failed attempts, giving up")
+            await asyncio.sleep(min(0.1 * failures, 2.0))
+
+    async def _race(self: Peer, st: VersionState, index: int, chain: list[str]) -> str:
+        """Ask the chain's first source; whenever the newest request stays silent past the deadline, ask
+        the next ancestor in parallel. 'ok' (the first intact copy), 'gone' (the origin has no such
+        version) or 'failed' (every source asked failed)."""
+        tries: dict[asyncio.Task, _Try] = {}
+        pos = 0
+
+        def ask_next() -> None:
+            nonlocal pos
+            tr = _Try(chain[pos])
+            pos += 1
+            tries[asyncio.create_task(self._try_source(tr, st, index))] = tr
+
+        ask_next()
+        seen = (False, 0)
+        try:
+            while tries:
+                newest = list(tries.values())[-1]
+                wait = self._deadline() if pos < len(chain) else None
+                done, _ = await asyncio.wait(tries, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    if (newest.answered, newest.got) == seen:  # silent since the last look: go around it
+                        self.bypasses += 1
+                        ask_next()
+                        seen = (False, 0)
+                    else:
+                        seen = (newest.answered, newest.got)
+                    continue
+                for task in done:
+                    tr = tries.pop(task)
+                    if task.exception() is not None:
+                        log.warning("v%d piece %d from %s: %r", st.version, index, tr.src, task.exception())
+                    if tr.outcome == "ok":
+                        self._silent_through(tries.values(), st, index)
+                        return "ok"
+                    if tr.outcome == "absent" and tr.src == self.tracker_url:
+                        return "gone"
+                if not tries and pos < len(chain):
+                    ask_next()  # absent or failed there: the next ancestor, now
+                    seen = (False, 0)
+            return "failed"
+        finally:
+            for task in tries:
+                task.cancel()
+            await asyncio.gather(*tries, return_exceptions=True)
+
+    def _silent_through(self: Peer, losers, st: VersionState, index: int) -> None:
+        """Sources that never answered while another delivered the piece: avoided for a while, reported."""
+        for tr in losers:
+            if tr.src == self.tracker_url or tr.answered or time.monotonic() - tr.started < self._deadline():
+                continue
+            self._blacklist[tr.src] = time.monotonic() + TEMP_BLACKLIST_S
+            detail = f"no answer in {time.monotonic() - tr.started:.2f}s; fetched elsewhere"
+            task = asyncio.create_task(self._report(tr.src, "stall", st.version, index, detail))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+
+    async def _try_source(self: Peer, tr: _Try, st: VersionState, index: int) -> None:
+        """Fetch one piece from one source; sets tr.outcome: 'ok', 'absent' (404), or 'failed' (reported
+        and avoided)."""
+        assert self._session
+        src = tr.src
+        ref = st.pieces[index]
+        reason, detail = "dead", ""
+        try:
+            async with self._session.get(f"{src}/v/{st.version}/piece/{index}",
+                                         headers={"X-Peer": self.peer_id or ""}) as r:
+                tr.answered = True
+                lat = time.monotonic() - tr.started
+                self._answer_s = lat if self._answer_s is None else 0.8 * self._answer_s + 0.2 * lat
+                if r.status == 404:
+                    tr.outcome = "absent"
+                    return
+                if r.status != 200:
+                    reason, detail = ("stall" if r.status == 503 else "dead"), f"HTTP {r.status}"
+                elif r.content_length is not None and r.content_length != ref.size:
+                    reason, detail = "corrupt", f"length {r.content_length} != {ref.size}"
+                else:
+                    chunks = []
+                    async for chunk in r.content.iter_chunked(RECV_CHUNK):
+                        chunks.append(chunk)
+                        tr.got += len(chunk)
+                        if tr.got > ref.size:
+                            break
+                    buf = b"".join(chunks)
+                    if len(buf) != ref.size:
+                        reason, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"
+                    # Hashing in a thread (hashlib lets go of the GIL): the loop goes on receiving meanwhile.
+                    elif not await asyncio.to_thread(ref.matches, buf):
+                        reason, detail = "corrupt", "sha256 mismatch"
+                    else:
+                        tr.outcome = "ok"
+                        self.received[src] = self.received.pop(src, 0) + ref.size
+                        if len(self.received) > 64:
+                            del self.received[next(iter(self.received))]
+                        if not st.abandoned and not st.have[index]:
+                            st.write_piece(index, buf)  # on the loop: abandon() closes these files there
+                            st.mark(index)
+                        return
+        except TimeoutError:
+            reason, detail = "stall", f"no data for {self.stall_timeout}s"
+        except aiohttp.ClientPayloadError as e:
+            # Cut off after the answer began: a parent that gave up waiting for the piece itself, or a
+            # crash. Avoided for a while; not reported (the tracker would find it alive and well).
+            tr.outcome = "failed"
+            self._blacklist[src] = time.monotonic() + TEMP_BLACKLIST_S
+            log.info("%s cut v%d piece %d short (%s); trying elsewhere", src, st.version, index, e)
+            return
+        except (aiohttp.ClientError, OSError) as e:
+            reason, detail = "dead", f"{type(e).__name__}: {e}"
+        tr.outcome = "failed"
+        if src == self.tracker_url:
+            log.warning("origin failed for v%d piece %d (%s): retrying", st.version, index, detail)
+            return
+        self._blacklist[src] = float("inf") if reason == "corrupt" else time.monotonic() + TEMP_BLACKLIST_S
+        await self._report(src, reason, st.version, index, detail)
+

@@ -1,0 +1,223 @@
+"""The relay tree's attackers: many fresh identities, speaking only the documented HTTP protocol.
+
+Run as a process of its own (`python tests/adversarial/tree_attacker.py MODE TRACKER [ARGS]`): it imports
+nothing of ours, only aiohttp, cryptography and json, and follows broadcast/identity.py's docstring (signed
+joins, the connect-back's signed nonce) and the tracker's JSON messages. It prints READY once the attack is
+under way, keeps it up until a line arrives on stdin, then prints one JSON line with what it saw.
+  stall N          N relays that pass the connect-back and /health, then hold every piece request forever
+  reports N V URL...  N members reporting each URL corrupt, stalled and dead (version V), over and over
+  hijack URL...    fresh keys joining with these (honest relays') addresses
+  flood N          N signed joins with fresh keys, 64 at a time
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sys
+import time
+
+import aiohttp
+from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+JOIN_DOMAIN = b"rollout-swarm/join/v1\n"
+REACH_DOMAIN = b"rollout-swarm/reach/v1\n"
+HB = 0.3
+RATE = 10.0  # reports per second, all keys together: more than twice what the tracker takes from fresh keys
+
+
+class Identity:
+    """A fresh ed25519 key: free, as the issue says."""
+
+    def __init__(self) -> None:
+        self.sk = Ed25519PrivateKey.generate()
+        self.pub = self.sk.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+        self.peer_id = self.token = ""
+
+    def join_body(self, url: str | None, relay: bool, name: str, port: int | None = None) -> bytes:
+        msg = {"url": url, "relay": relay, "name": name, "key": self.pub, "port": port,
+               "time_ms": int(time.time() * 1000), "nonce": secrets.token_hex(16), "signature": ""}
+        payload = JOIN_DOMAIN + json.dumps(msg, separators=(",", ":")).encode()
+        msg["signature"] = self.sk.sign(payload).hex()
+        return json.dumps(msg, separators=(",", ":")).encode()
+
+    def reach(self, nonce: str) -> dict:
+        return {"key": self.pub, "signature": self.sk.sign(REACH_DOMAIN + nonce.encode()).hex()}
+
+
+async def post(s: aiohttp.ClientSession, url: str, body: bytes | dict) -> tuple[int, dict | str]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with s.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
+        text = await r.text()
+        try:
+            return r.status, json.loads(text)
+        except ValueError:
+            return r.status, text
+
+
+async def join(s: aiohttp.ClientSession, tracker: str, ident: Identity, url: str | None = None,
+               relay: bool = False, port: int | None = None, name: str = "evil") -> int:
+    status, body = await post(s, f"{tracker}/join", ident.join_body(url, relay, name, port))
+    if status == 200 and isinstance(body, dict):
+        ident.peer_id, ident.token = body["peer_id"], body["token"]
+    return status
+
+
+class Staller:
+    """A relay that passes the connect-back (it signs the nonce) and answers /health, then holds every
+    piece request open and never answers it."""
+
+    def __init__(self, ident: Identity):
+        self.ident = ident
+        self.held = 0
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        async def reach(request: web.Request) -> web.Response:
+            return web.json_response(self.ident.reach(request.query.get("nonce", "")))
+
+        async def health(request: web.Request) -> web.Response:
+            return web.json_response({"ok": True})
+
+        async def piece(request: web.Request) -> web.Response:
+            self.held += 1
+            await asyncio.sleep(3600)
+            return web.Response()
+
+        app = web.Application()
+        app.add_routes([web.get("/reach", reach), web.get("/health", health),
+                        web.get("/v/{v}/piece/{i}", piece)])
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self.runner:
+            await self.runner.cleanup()
+
+
+async def keep_alive(s: aiohttp.ClientSession, tracker: str, idents: list[Identity], stop: asyncio.Event,
+                     rejoin=None) -> None:
+    while not stop.is_set():
+        for i in idents:
+            if i.peer_id:
+                code, _ = await post(s, f"{tracker}/heartbeat", {"peer_id": i.peer_id, "token": i.token})
+                if code == 404 and rejoin:
+                    await rejoin(i)
+        try:
+            await asyncio.wait_for(stop.wait(), HB)
+        except TimeoutError:
+            pass
+
+
+
+async def stdin_line() -> None:
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+
+async def stall(s, tracker: str, n: str) -> dict:
+    idents = [Identity() for _ in range(int(n))]
+    stallers = [Staller(i) for i in idents]
+    joined = 0
+    for st in stallers:
+        await st.start()
+        while (code := await join(s, tracker, st.ident, relay=True, port=st.port, name="staller")) == 429:
+            await asyncio.sleep(0.3)
+        joined += code == 200
+    stop = asyncio.Event()
+
+    async def rejoin(i: Identity) -> None:
+        st = next(x for x in stallers if x.ident is i)
+        await join(s, tracker, i, relay=True, port=st.port, name="staller")
+
+    hb = asyncio.create_task(keep_alive(s, tracker, idents, stop, rejoin))
+    print("READY", flush=True)
+    await stdin_line()
+    stop.set()
+    await hb
+    for st in stallers:
+        await st.stop()
+    return {"joined": joined, "held": sum(st.held for st in stallers)}
+
+
+async def reports(s, tracker: str, n: str, version: str, *urls: str) -> dict:
+    idents = [Identity() for _ in range(int(n))]
+
+    async def rejoin(i: Identity) -> None:
+        while await join(s, tracker, i, name="reporter") == 429:
+            await asyncio.sleep(0.3)
+
+    for i in idents:
+        await rejoin(i)
+    stop = asyncio.Event()
+    hb = asyncio.create_task(keep_alive(s, tracker, idents, stop, rejoin))
+    sent, answers = 0, {}
+
+    async def storm() -> None:
+        nonlocal sent
+        while not stop.is_set():
+            await asyncio.sleep(1 / RATE)
+            for reason in ("corrupt", "stall", "dead"):
+                for k, i in enumerate(idents):
+                    for url in urls:
+                        sent += 1
+                        code, body = await post(s, f"{tracker}/report", {
+                            "peer_id": i.peer_id, "token": i.token, "accused_url": url, "reason": reason,
+                            "version": int(version), "piece": k % 8, "detail": "trust me"})
+                        key = body.get("action") if isinstance(body, dict) else f"HTTP {code}"
+                        answers[key] = answers.get(key, 0) + 1
+                        if stop.is_set():
+                            return
+                        await asyncio.sleep(1 / RATE)
+
+    task = asyncio.create_task(storm())
+    print("READY", flush=True)
+    await stdin_line()
+    stop.set()
+    await asyncio.gather(task, hb)
+    return {"sent": sent, "answers": answers}
+
+
+async def hijack(s, tracker: str, *urls: str) -> dict:
+    print("READY", flush=True)
+    codes: dict[str, int] = {}
+    for url in urls:
+        for _ in range(2):
+            code = await join(s, tracker, Identity(), url=url, relay=True, name="hijacker")
+            codes[str(code)] = codes.get(str(code), 0) + 1
+            await asyncio.sleep(0.3)
+    await stdin_line()
+    return {"codes": codes}
+
+
+async def flood(s, tracker: str, n: str) -> dict:
+    sem = asyncio.Semaphore(64)
+    codes: dict[str, int] = {}
+
+    async def one(k: int) -> None:
+        async with sem:
+            code = await join(s, tracker, Identity(), name=f"flood{k}")
+            codes[str(code)] = codes.get(str(code), 0) + 1
+
+    print("READY", flush=True)
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(k) for k in range(int(n))))
+    secs = time.monotonic() - t0
+    await stdin_line()
+    return {"codes": codes, "seconds": round(secs, 2)}
+
+
+async def main(mode: str, tracker: str, *args: str) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+        out = await {"stall": stall, "reports": reports, "hijack": hijack, "flood": flood}[mode](s, tracker, *args)
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:]))
