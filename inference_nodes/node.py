@@ -22,6 +22,7 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
+from broadcast.addresses import is_loopback
 from broadcast.peer import Peer
 from swarm_common import proof_of_work
 from swarm_common import protocol as P
@@ -39,21 +40,29 @@ class Node:
         data_dir: str | Path,
         name: str | None = None,
         max_prompts: int = P.DEFAULT_MAX_PROMPTS,
-        status_host: str = "127.0.0.1",
+        status_host: str | None = None,
         status_port: int = 0,
         probe_prompt: str = "3+5+8",
         keep_versions: int = 3,
         seed: int = 0,
         trainer_key: str | None = None,
         relay: bool = True,
-        relay_host: str = "127.0.0.1",
+        relay_host: str | None = None,
         relay_port: int = 0,
         invite: str = "",
+        advertise: str | None = None,
+        first_byte_timeout: float = 1.0,
     ):
+        """`status_host` / `relay_host`: where the status page and the relay listen (None: 127.0.0.1 when
+        the trainer is on this machine's loopback, else every interface). `advertise`: the relay's address
+        as others reach it, when the tracker cannot see it (NAT with a forwarded port)."""
         self.trainer = trainer if "://" in trainer else f"tcp://{trainer}"
         # The host we reach the trainer at: it tells us the tracker is there too, unless it knows better.
         self.trainer_host = urlsplit(self.trainer).hostname or ""
         self.invite = invite
+        self.advertise, self.first_byte_timeout = advertise, first_byte_timeout
+        local = is_loopback(self.trainer_host)
+        status_host = status_host or ("127.0.0.1" if local else "0.0.0.0")
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.key = KeyPair.load_or_create(self.data_dir / "node.key")
@@ -81,6 +90,7 @@ class Node:
         self._replies: asyncio.Queue = asyncio.Queue()
         self._stop = asyncio.Event()
         self.status_url = ""
+        self.seen_as = ""  # this machine's address as the trainer sees it
 
     # ---- engine calls, always on the engine thread ------------------------------------------------
 
@@ -117,8 +127,11 @@ class Node:
             return
         self.peer = Peer(reg.tracker_url, self.data_dir / "tree", self._trusted_key(reg.trainer_key),
                          host=self.relay_host, port=self.relay_port, relay=self.relay, keep=self.keep_versions,
-                         name=self.name, follow=True)
+                         name=self.name, follow=True, keypair=self.key, advertise=self.advertise,
+                         first_byte_timeout=self.first_byte_timeout)
         await self.peer.start()
+        self.status.relay_url = self.peer.url or ""
+        self.status.relay_reachable = self.peer.reachable
 
     async def _load(self, info: P.WeightsInfo) -> None:
         """Fetch `info`'s version through the tree (every piece verified), then start or reload the engine."""
@@ -287,9 +300,18 @@ class Node:
 
         app.router.add_get("/status", status)
         runner, port = await start_site(app, self.status_host, self.status_port)
-        self.status_url = f"http://{self.status_host}:{port}/status"
+        # Listening on every interface, the page is linked at the address the trainer sees us at.
+        host = self.status_host if self.status_host not in ("0.0.0.0", "::") else (self.seen_as or "127.0.0.1")
+        self.status_url = f"http://{host}:{port}/status"
         print(f"node status: {self.status_url}", flush=True)
         return runner
+
+    async def _hello(self) -> None:
+        """Ask the trainer, before registering, which address it sees us at (for the status page's link)."""
+        reply = await self._request(P.Hello(node_id=self.node_id, trainer_host=self.trainer_host), P.Welcome,
+                                    timeout=5.0)
+        if isinstance(reply, P.Welcome) and P.is_host(reply.seen_as):
+            self.seen_as = reply.seen_as
 
     # ---- main -------------------------------------------------------------------------------------
 
@@ -304,10 +326,12 @@ class Node:
         self.sock.connect(self.trainer)
         print(f"node key {self.node_id} (fingerprint {self.key.fingerprint}); the operator of a run may trust "
               f"it with: swarm train --trust {self.node_id}", flush=True)
-        runner = await self._status_app()
-        tasks = []
+        tasks = [asyncio.create_task(self._receiver())]
+        runner = None
         try:
-            tasks = [asyncio.create_task(self._receiver()), asyncio.create_task(self._heartbeats())]
+            await self._hello()
+            runner = await self._status_app()
+            tasks.append(asyncio.create_task(self._heartbeats()))
             work = asyncio.create_task(self._work())
             stop = asyncio.create_task(self._stop.wait())
             done, _ = await asyncio.wait([work, stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -320,7 +344,8 @@ class Node:
                 t.cancel()
             if self.peer is not None:
                 await self.peer.stop()
-            await runner.cleanup()
+            if runner is not None:
+                await runner.cleanup()
             self.sock.close(0)
             ctx.term()
             self._pool.shutdown(wait=False, cancel_futures=True)

@@ -63,7 +63,8 @@ def cmd_node(args) -> int:
     node = Node(args.trainer, args.data_dir, name=args.name or None, max_prompts=args.max_prompts,
                 status_host=args.status_host, status_port=args.status_port, probe_prompt=args.probe_prompt,
                 seed=args.seed, trainer_key=args.trainer_key, relay=not args.no_relay,
-                relay_host=args.relay_host, relay_port=args.relay_port, invite=args.invite)
+                relay_host=args.relay_host, relay_port=args.relay_port, invite=args.invite,
+                advertise=args.advertise, first_byte_timeout=args.first_byte_timeout)
 
     async def main():
         loop = asyncio.get_running_loop()

@@ -8,7 +8,6 @@ connect back to this machine's relay port.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -19,7 +18,9 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
+from broadcast.identity import reach_answer
 from broadcast.manifest import ManifestError, decode_manifest, flat_pieces
+from broadcast.messages import ReachTest
 from swarm_common import protocol as P
 from swarm_common.http import start_site
 from swarm_common.keys import KeyPair, fingerprint, load_public
@@ -70,33 +71,39 @@ async def _get(session: aiohttp.ClientSession, url: str, limit: int) -> tuple[in
 
 
 async def _connect_back(session: aiohttp.ClientSession, tracker: str, relay_host: str, relay_port: int) -> Check:
-    """Listen on the relay port and ask the tracker to connect back to the address it sees us at."""
-    nonce = secrets.token_hex(16)
+    """Answer /reach on the relay port as a relay would, and ask the tracker to connect back to it at the
+    address it sees this machine at."""
+    key = KeyPair.generate()
     app = web.Application()
 
-    async def echo(_):
-        return web.Response(text=nonce)
+    async def reach(request: web.Request) -> web.Response:
+        nonce = request.query.get("nonce", "")[:128]
+        return web.Response(body=msgspec.json.encode(reach_answer(nonce, key)), content_type="application/json")
 
-    app.router.add_get("/reach/{token}", echo)
+    app.router.add_get("/reach", reach)
     try:
         runner, port = await start_site(app, relay_host, relay_port, shutdown_timeout=0.5)
     except OSError as e:
         return Check("relay port", False, f"cannot listen on {relay_host}:{relay_port}: {e}",
                      "free the port, or pick another with --relay-port")
     try:
-        async with session.post(f"{tracker}/reach", json={"port": port, "nonce": nonce}) as r:
+        async with session.get(f"{tracker}/reach-test", params={"port": str(port)}) as r:
+            body = await r.content.read(1 << 16)
             if r.status == 404:
                 return Check("relay port", None, "this tracker cannot test reachability (an older trainer)")
-            reply = await r.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            if r.status != 200:
+                return Check("relay port", False, f"the tracker refused the test: HTTP {r.status} {body[:200]!r}")
+        test = msgspec.json.decode(body, type=ReachTest)
+    except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as e:
         return Check("relay port", False, f"the tracker did not answer the reachability test: {e}")
     finally:
         await runner.cleanup()
-    url = reply.get("url", "?") if isinstance(reply, dict) else "?"
-    if isinstance(reply, dict) and reply.get("reachable"):
-        return Check("relay port", True, f"the tracker reached this machine at {url}: it can relay")
-    why = reply.get("error", "no answer") if isinstance(reply, dict) else "a bad reply"
-    return Check("relay port", False, f"the tracker could not reach {url} ({why})",
+    if test.reachable and test.answered_key == key.public_hex:
+        return Check("relay port", True, f"the tracker reached this machine at {test.url}: it can relay")
+    if test.reachable:
+        return Check("relay port", False, f"{test.url} answers, but not this machine: {test.detail}",
+                     "another machine answers at this address and port (a NAT forwarding the port elsewhere?)")
+    return Check("relay port", False, f"the tracker could not reach {test.url} ({test.detail})",
                  f"open TCP port {port} to this machine (or forward it on your router) and pass --relay-port "
                  f"{port}; or pass --advertise http://PUBLIC-ADDRESS:PORT. A node that cannot be reached still "
                  "trains, downloading only")

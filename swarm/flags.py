@@ -74,7 +74,8 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
                    key_help="pin the trainer's public key (64 hex chars or a .pub file); without it the key "
                    "seen on first contact is pinned and its fingerprint printed")
     p.add_argument("--max-prompts", type=int, default=DEFAULT_MAX_PROMPTS, help="prompts to ask for per work request")
-    p.add_argument("--status-host", default="127.0.0.1", help="address of the node's status page")
+    p.add_argument("--status-host", default=None, help="address the node's status page listens on (default: "
+                   "127.0.0.1 when the trainer is on this machine's loopback, else all interfaces)")
     p.add_argument("--status-port", type=int, default=0, help="port of the node's status page (0: any free)")
     p.add_argument("--probe-prompt", default="3+5+8",
                    help="prompt completed greedily after each weight load, shown on the status page")

@@ -12,6 +12,12 @@ import urllib.error
 import urllib.request
 
 
+def _relay(n: dict) -> str:
+    """The tracker's connect-back verdict on the node's relay."""
+    reachable = n.get("relay_reachable")
+    return "reachable" if reachable else "leaf" if reachable is False else "-"
+
+
 def view_url(trainer: str) -> str:
     base = trainer if trainer.startswith(("http://", "https://")) else f"http://{trainer}"
     return base.rstrip("/") + "/api/view"
@@ -66,13 +72,13 @@ def render(v: dict) -> str:
     lines.append(f"dropped after acceptance: {_counts(ov['dropped'])}")
     lines.append("")
     hdr = f"{'node':<12} {'id':<12} {'state':<8} {'version':>7} {'tok/s':>7} {'roll/s':>7} {'share':>6} " \
-          f"{'heartbeat':>9}  refused"
+          f"{'heartbeat':>9} {'relay':<10} refused"
     lines.append(hdr)
     for n in v["overview"]["nodes"]:
         ver = f"v{n['version_loaded']}" if n["version_loaded"] >= 0 else "-"
         lines.append(f"{n['name'][:12]:<12} {n['node_id'][:12]:<12} {n['state']:<8} {ver:>7} "
                      f"{n['tokens_per_s']:>7.0f} {n['rollouts_per_s']:>7.2f} {100 * n['share']:>5.1f}% "
-                     f"{n['last_heartbeat_age_s']:>7.1f}s  {_counts(n['refused'])}")
+                     f"{n['last_heartbeat_age_s']:>7.1f}s  {_relay(n):<10} {_counts(n['refused'])}")
     if not ov["nodes"]:
         lines.append("(no node has registered yet)")
     tree = ov.get("tree")

@@ -160,6 +160,8 @@ class NodeStatus(msgspec.Struct, forbid_unknown_fields=True):
     tokens_per_s: float
     probes: dict[str, list[int]]  # version -> greedy completion of the probe prompt after loading it
     reload_seconds: list[float]
+    relay_url: str = ""  # where other peers fetch from this node's relay ("" : it serves no one)
+    relay_reachable: bool | None = None  # the tracker's connect-back check (None: not checked)
 
 
 class Error(msgspec.Struct, tag="error", forbid_unknown_fields=True):

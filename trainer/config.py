@@ -94,6 +94,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tracker_port: int = 5557  # the relay tree's origin and tracker (weights leave the trainer only here)
     fanout: int = 4  # children per relay in each tree of the broadcast
     piece_bytes: int = 1 << 20  # broadcast piece size: a relay forwards each piece once verified
+    max_peers: int = 1000  # relay-tree members the tracker holds at once
+    # May relays advertise private or loopback addresses (a lab, a LAN)? "auto": when the relay's join
+    # reached the tracker on such an address itself.
+    allow_private: Literal["auto", "always", "never"] = "auto"
     heartbeat_s: float = 2.0
     assignment_timeout_s: float = 120.0  # work not answered by then is re-assigned
     gone_after_s: float = 0.0  # a node silent this long is gone and its work re-assigned (0 = 10 x heartbeat_s)

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import zmq
 import zmq.asyncio
@@ -45,11 +46,19 @@ log = logging.getLogger(__name__)
 PARK_S = 2.0
 
 
+class Tree(Protocol):
+    """What the node service tells the relay tree (broadcast.origin.Origin): bans and standing, by key."""
+    def ban_key(self, key: str, reason: str) -> None: ...
+    def set_standing(self, key: str, established: bool = True) -> None: ...
+
+
 class NodeService:
     def __init__(self, cfg: RunConfig, task: Task, tokenizer, vocab_size: int, stats: RunStats,
                  registry: NodeRegistry, manifest_url: Callable[[int], str], items: Iterator[TaskItem],
-                 tracker_url: str, trainer_key: str, guard: Guard, auditor: Auditor | None, ledger: Ledger):
+                 tracker_url: str, trainer_key: str, guard: Guard, auditor: Auditor | None, ledger: Ledger,
+                 tree: Tree | None = None):
         self.cfg, self.stats, self.registry, self.guard, self.ledger = cfg, stats, registry, guard, ledger
+        self.tree = tree
         self.manifest_url, self.tracker_url, self.trainer_key = manifest_url, tracker_url, trainer_key
         t = cfg.train
         self.sampling = P.SamplingSpec(n=t.group_size, max_tokens=t.max_tokens, temperature=t.temperature,
@@ -74,6 +83,11 @@ class NodeService:
         self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
         self._warned_unpaired = -1e9
         registry.banned.update(guard.bans)
+        if tree is not None:  # the tree bans whom the trainer bans, and ranks whom it trusts
+            for key, reason in guard.bans.items():
+                tree.ban_key(key, reason)
+            for key in guard.established | guard.cfg.trusted:
+                tree.set_standing(key)
 
     # ---- the trainer's side ---------------------------------------------------------------------------
 
@@ -297,8 +311,7 @@ class NodeService:
             self._pulse()
 
     def _expired(self, node_id: str) -> None:
-        """One of `node_id`'s assignments expired: its share shrinks; one whose work keeps expiring is
-        paused, then its registration dropped (a fresh registration starts it over as a new key)."""
+        """Work of `node_id`'s expired: its share shrinks; it may be paused, or its registration dropped."""
         action = self.share.expired(node_id, self.guard.is_established(node_id))
         if action == "pause":
             log.warning("node %s: its work keeps expiring; no new work for %.0fs", node_id[:12],
@@ -324,6 +337,8 @@ class NodeService:
             log.info("dropped %d quarantined groups that went stale", len(review.stale))
         for node_id, groups in review.released.items():
             self.intake.to_buffer(groups)
+            if self.tree is not None:
+                self.tree.set_standing(node_id)
             n, z = self.guard.pairs.z(node_id)
             log.info("node %s passed probation (%d shared prompts, z %.2f): %d groups released",
                      node_id[:12], n, z, len(groups))
@@ -363,9 +378,21 @@ class NodeService:
             log.warning("node %s: strike %d for %s; all its work is audited now", node_id[:12],
                         self.guard.strikes[node_id], reason)
             return
-        # Banned: its groups not yet trained on are dropped, its assignments go to others.
+        log.warning("node %s banned after %d strikes (last: %s)", node_id[:12], self.guard.strikes[node_id], reason)
+        self._banned(node_id, reason)
+        if self.tree is not None:
+            self.tree.ban_key(node_id, reason)
+
+    def ban_from_tree(self, key: str, reason: str) -> None:
+        """The relay tree confirmed that this key served corrupt pieces: it takes no part here either."""
+        if key not in self.guard.bans:
+            log.warning("node %s banned by the relay tree: %s", key[:12], reason)
+            self.guard.ban(key, f"tree: {reason}")
+            self._banned(key, reason)
+
+    def _banned(self, node_id: str, reason: str) -> None:
+        """Its groups not yet trained on are dropped, its assignments go to others."""
         self._drop(self.probation.end(node_id), "fraud_on_probation")
         self._drop(self.buffer.remove(lambda g: g.node_id == node_id), "banned_node")
         self.work.take_back(node_id)
         self.registry.banned.add(node_id)
-        log.warning("node %s banned after %d strikes (last: %s)", node_id[:12], self.guard.strikes[node_id], reason)

@@ -31,6 +31,8 @@ class NodeRow(msgspec.Struct):
     refused: dict[str, int]
     last_heartbeat_age_s: float
     status_url: str
+    relay_url: str = ""  # where its relay serves the tree ("": no relay, or not in the tree)
+    relay_reachable: bool | None = None  # the tracker's connect-back check; False: a download-only leaf
 
 
 class StepRow(msgspec.Struct):
@@ -239,13 +241,17 @@ class RunStats:
         total = max(self.accepted_groups, 1)
         now = time.monotonic()
         nodes, states = [], Counter()
+        tree = self.tree()
+        peers = {p.get("key"): p for p in (msgspec.to_builtins(tree) or {}).get("peers", []) if p.get("key")}
         for rec in self.registry.nodes.values():
+            peer = peers.get(rec.node_id, {})
             state = self.registry.state(rec)
             states[state] += 1
             tok, grp = last[2].get(rec.node_id, (0.0, 0.0))
             nodes.append(NodeRow(rec.node_id, rec.name, state, rec.version_loaded, round3(tok), round3(grp),
                                  round(rec.tokens_per_s, 1), rec.accepted_groups, round3(rec.accepted_groups / total),
-                                 dict(rec.refused), round(now - rec.last_seen, 2), rec.status_url))
+                                 dict(rec.refused), round(now - rec.last_seen, 2), rec.status_url,
+                                 peer.get("url") or "", peer.get("reachable")))
             self.m_node_tps.labels(rec.name).set(round3(tok))
             self.m_node_version.labels(rec.name).set(rec.version_loaded)
             self.m_node_age.labels(rec.name).set(round(now - rec.last_seen, 2))
@@ -256,7 +262,7 @@ class RunStats:
                     trained_groups=self.trained_groups, tokens_generated=self.tokens, tokens_per_s=round3(last[0]),
                     rollouts_per_s=round3(last[1]), refused=dict(self.refused), dropped=dict(self.dropped),
                     lag_counts={str(k): v for k, v in sorted(self.lag_counts.items())}, nodes=nodes,
-                    tree=self.tree())
+                    tree=tree)
 
     def overview(self, window_s: float = RATE_WINDOW_S) -> Overview:
         return Overview(**self._figures(window_s))

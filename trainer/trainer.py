@@ -84,7 +84,9 @@ class Trainer:
         key = KeyPair.load_or_create(self.run_dir / "trainer.key")
         s = cfg.server
         self.origin = Origin(self.run_dir / "broadcast", key, host=s.host, port=s.tracker_port, fanout=s.fanout,
-                             keep=t.keep_versions, piece_size=s.piece_bytes, heartbeat_interval=s.heartbeat_s)
+                             keep=t.keep_versions, piece_size=s.piece_bytes, heartbeat_interval=s.heartbeat_s,
+                             max_peers=s.max_peers,
+                             allow_private={"auto": None, "always": True, "never": False}[s.allow_private])
         await self.origin.start()
         log.info("trainer key fingerprint %s (nodes pin it with --trainer-key %s)", key.fingerprint,
                  self.run_dir / "trainer.pub")
@@ -103,7 +105,8 @@ class Trainer:
         self.service = NodeService(cfg, self.task, self.tok, self.model.config.vocab_size, self.stats,
                                    self.registry, lambda v: f"{self.origin.url}/v/{v}/manifest", items,
                                    tracker_url=self.origin.url, trainer_key=key.public_hex, guard=self.guard,
-                                   auditor=self.auditor, ledger=self.ledger)
+                                   auditor=self.auditor, ledger=self.ledger, tree=self.origin)
+        self.origin.on_ban = self.service.ban_from_tree  # confirmed corruption in the tree bans the node key
         self.service.restore(self.version, st, self.ledger.pending() if st else [])
         await self._serve()
 

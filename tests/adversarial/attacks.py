@@ -90,13 +90,16 @@ def _fresh(ctx: Ctx, name: str, out: Outcome) -> EvilNode:
 
 
 def _repeat_fraud(ctx: Ctx, name: str, expected: set[str], tamper: Callable[[EvilNode, P.WorkAssignment], tuple[int, list[P.Rollout]]],
-                  prompts: int = 2) -> Outcome:
-    """Cheat until banned: every attempt must be refused with an expected code; the last strike bans."""
+                  prompts: int = 2, answers_work: bool = True) -> Outcome:
+    """Cheat until banned: every attempt must be refused with an expected code; the last strike bans.
+    `answers_work` False: the fraud answers none of the assignments it was given, so they stay held (a
+    fresh key holds only guard.new_key_held) and every attempt uses the same ones."""
     out = Outcome()
     ev = _fresh(ctx, name, out)
+    work = None
     try:
         for _ in range(ctx.strikes_to_ban):
-            work = ev.work(prompts)
+            work = ev.work(prompts) if work is None or answers_work else work
             version, rollouts = tamper(ev, work)
             out.saw(_code(ev.submit(version, rollouts)), expected)
         ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=1))
@@ -217,9 +220,10 @@ def replay(ctx: Ctx) -> Outcome:
 def unassigned(ctx: Ctx) -> Outcome:
     """Answers to prompts it was never given (ids made up; prompts from its own real assignment)."""
     def tamper(ev, w):
-        rollouts = honest_rollouts(ctx, w, w.weights.version)
-        return w.weights.version, [P.Rollout(uuid.uuid4().hex[:16], r.samples) for r in rollouts]
-    return _repeat_fraud(ctx, "unassigned", {"unassigned"}, tamper)
+        v = ev.version  # the newest it heard of: the same assignments are reused while versions move on
+        rollouts = honest_rollouts(ctx, w, v)
+        return v, [P.Rollout(uuid.uuid4().hex[:16], r.samples) for r in rollouts]
+    return _repeat_fraud(ctx, "unassigned", {"unassigned"}, tamper, answers_work=False)
 
 
 def fewer_samples(ctx: Ctx) -> Outcome:

@@ -48,11 +48,15 @@ def test_reward_excess_is_caught(tmp_path):
     assert g.probation_verdict("new", 16, has_partner=True) == "cherry_picking"
 
 
-def test_alone_released_after_its_groups(tmp_path):
+def test_alone_stays_on_probation_unless_the_operator_allows(tmp_path):
+    """With no established partner a node is not released for being alone (two new keys could be one
+    cheater's); guard.release_unpaired releases it after its probation_groups audited groups."""
     g = _guard(tmp_path)
-    assert g.probation_verdict("new", 15, has_partner=False) is None
-    assert g.probation_verdict("new", 16, has_partner=True) is None  # a partner exists: wait for pairs
-    assert g.probation_verdict("new", 16, has_partner=False) == "released"
+    assert g.probation_verdict("new", 16, has_partner=False) is None
+    lab = Guard(tmp_path / "lab", GuardConfig(pair_z=4.0, pair_min=12, release_unpaired=True))
+    assert lab.probation_verdict("new", 15, has_partner=False) is None
+    assert lab.probation_verdict("new", 16, has_partner=True) is None  # a partner exists: wait for pairs
+    assert lab.probation_verdict("new", 16, has_partner=False) == "released"
 
 
 def test_a_middling_excess_keeps_probation_going(tmp_path):

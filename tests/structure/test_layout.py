@@ -38,7 +38,7 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """The modules of ours that `name` imports (anywhere in the file: a lazy import counts too)."""
     found = set()
     pkg_parts = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
         targets = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -54,6 +54,19 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
             if t and t != name:
                 found.add(t)
     return found
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node, except what sits under `if TYPE_CHECKING:` (imports for type hints only run no code)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
 
 
 def _graph() -> dict[str, set[str]]:

@@ -170,6 +170,10 @@ function drawNodes() {
   body.innerHTML = rows.map((n) => {
     const refused = Object.entries(n.refused).map(([k, v]) => `${k}: ${v}`).join(", ") || "–";
     const link = n.status_url ? `<a href="${esc(n.status_url)}" target="_blank" rel="noopener">status</a>` : "–";
+    // The tracker's connect-back check of the node's relay: reachable, or a download-only leaf.
+    const relay = n.relay_reachable === true ? `<span title="${esc(n.relay_url)}">reachable</span>`
+      : n.relay_reachable === false ? `<span class="warn" title="${esc(n.relay_url)}">leaf: not reachable</span>`
+      : n.relay_url ? "not checked" : "–";
     return `<tr data-node="${esc(n.node_id)}" data-state="${esc(n.state)}">
       <td><span class="swatch" style="background:${color(n.node_id)}"></span>${esc(n.name)}</td>
       <td class="id" title="${esc(n.node_id)}">${esc(n.node_id.slice(0, 12))}</td>
@@ -178,7 +182,8 @@ function drawNodes() {
       <td class="num">${num(n.tokens_per_s)}</td><td class="num">${num(n.rollouts_per_s, 2)}</td>
       <td class="num">${num(n.reported_tokens_per_s)}</td><td class="num">${num(n.accepted_groups)}</td>
       <td><span class="share"><i style="width:${100 * n.share}%"></i></span>${num(100 * n.share, 1)}%</td>
-      <td>${esc(refused)}</td><td class="num">${num(n.last_heartbeat_age_s, 1)} s ago</td><td>${link}</td></tr>`;
+      <td>${esc(refused)}</td><td class="num">${num(n.last_heartbeat_age_s, 1)} s ago</td><td>${relay}</td>
+      <td>${link}</td></tr>`;
   }).join("");
   const healthy = rows.filter((n) => n.state === "healthy").length;
   $("nodes-note").textContent = `${healthy} of ${rows.length} healthy · rates over the last ${state.tp ? state.tp.window_s : 10} s`;
