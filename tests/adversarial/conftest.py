@@ -20,6 +20,7 @@ MAX_MESSAGE_BYTES = 1 << 20  # small, so the oversized attack is cheap to send
 # The learner steps every 4 groups here, a few times a second: a lag window of 4 versions keeps the honest
 # node (which pipelines requests) from ever going stale, so any refusal of it would be a false positive.
 MAX_LAG = 4
+REGISTER_BURST = 40
 
 
 @dataclass
@@ -65,6 +66,9 @@ def swarm_args(run_dir: Path, zport: int, hport: int, tport: int, extra: list[st
         # The honest node joins alone and is released after its audited groups; attackers come later and
         # are paired with it (never with each other).
         "--set", "guard.release_unpaired=true",
+        # Every attacker registers a fresh key from 127.0.0.1: a bucket that lasts the module (the flood
+        # test, last, still meets its limit).
+        "--set", f"guard.register_burst={REGISTER_BURST}", "--set", "guard.register_rate=0.5",
         *extra,
     ]
 

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from swarm_common.keys import KeyPair
 from tests.conftest import free_port, get_json, wait_json
 from trainer.checkpoint import latest_checkpoint
 from trainer.config import load_config
@@ -48,14 +49,16 @@ def _wait_log(ps, text: str, timeout: float) -> None:
 def test_churn_crash_and_resume(tmp_path, procs):
     run_dir = tmp_path / "run"
     zport, hport, tport = free_port(), free_port(), free_port()
+    # Nodes 2.. are the operator's own (trusted); 0 and 1, the ones killed and revived, are strangers on
+    # probation, paired with the trusted ones.
+    trusted = [KeyPair.load_or_create(tmp_path / f"node{i}" / "node.key").public_hex for i in range(2, N_NODES)]
     trainer_args = [
         "train", "--run-dir", str(run_dir), "--port", str(zport), "--http-port", str(hport),
         "--max-steps", str(STEPS), "--set", f"server.tracker_port={tport}",
         "--set", "train.prompts_per_step=8", "--set", "train.inflight_groups=16",
         "--set", "train.eval_every=12", "--set", "train.checkpoint_every=4",
         "--set", "server.heartbeat_s=0.5", "--set", "server.assignment_timeout_s=15",
-        # Every node is new at start: the first to finish its audited groups is released unpaired.
-        "--set", "guard.release_unpaired=true",
+        *(a for key in trusted for a in ("--trust", key)),
     ]
     url = f"http://127.0.0.1:{hport}/api/summary"
     trainer = procs.start("trainer", *trainer_args)
