@@ -21,6 +21,7 @@ from aiohttp import web
 from swarm_common.http import start_site
 from swarm_common.keys import fingerprint
 
+from .delta_fetch import materialize
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest
 from .messages import Join, Joined, Latest, Leave, PeerHeartbeat, Report, TreeSources, decode
 from .ratelimit import RateLimiter
@@ -371,6 +372,8 @@ class Peer:
             await asyncio.gather(*workers, return_exceptions=True)
             if bar:
                 bar.close()
+        if m.base is not None:  # a delta: its pieces become the version's files first (delta_fetch.py)
+            await materialize(self, st)
         path = await asyncio.to_thread(self.store.finalize, st)
         dt = time.monotonic() - t0
         log.info("v%d complete: %d bytes in %.2fs (%.1f MB/s)", version, m.total_size, dt, m.total_size / dt / 1e6)
