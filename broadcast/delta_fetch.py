@@ -119,9 +119,9 @@ async def _chain_is_cheaper(peer: Peer, m: Manifest) -> bool:
     else:
         return False
     cheaper = cost < whole
-    log.info("v%d: base v%d not held; %s: v%s (%d bytes) against the full version (%d bytes)", m.version,
-             m.base, "fetching the chain" if cheaper else "fetching the full version",
-             ",".join(map(str, reversed(path))), cost, whole)
+    log.info("v%d: base v%d not held; the chain %s is %d bytes, the full version %d: fetching %s", m.version,
+             m.base, ",".join(f"v{v}" for v in reversed(path)), cost, whole,
+             "the chain" if cheaper else "the full version")
     return cheaper
 
 
