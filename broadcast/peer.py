@@ -332,7 +332,14 @@ class Peer:
                     raise FetchError(f"v{version} is not available from the origin (retired or never published)")
                 if r.status != 200:
                     raise FetchError(f"origin answered {r.status} for the v{version} manifest")
-                data = await r.content.read(MAX_MANIFEST_BYTES + 1)
+                # read(n) returns what has arrived so far, not n bytes: a large manifest needs the loop.
+                chunks, got = [], 0
+                async for chunk in r.content.iter_chunked(1 << 16):
+                    chunks.append(chunk)
+                    got += len(chunk)
+                    if got > MAX_MANIFEST_BYTES:
+                        break
+                data = b"".join(chunks)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise FetchError(f"could not get the v{version} manifest: {e}") from e
         try:
