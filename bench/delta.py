@@ -54,6 +54,11 @@ def _sha(p: Path) -> str:
     return h.hexdigest()
 
 
+def _same(src: Path, copies: list[Path]) -> bool:
+    want = {f: _sha(src / f) for f in _files(src)}
+    return all(_sha(c / f) == h for c in copies for f, h in want.items())
+
+
 def make_versions(model_dir: Path, work: Path, steps: int, keep_first: int, seed: int) -> dict:
     """Take `steps` optimizer steps; publish every version in both dtypes; encode, decode and check each."""
     import torch
@@ -181,8 +186,7 @@ async def broadcast(versions: list[Path], n: int, rate: float, tmp: Path, procs_
                     raise RuntimeError(f"v{v}: {len(done)}/{n} relays done in time")
                 await asyncio.sleep(0.05)
             T = max(float(x[3]) for x in done) - t0
-            want = {f: _sha(d / f) for f in _files(d)}
-            exact = all(_sha(Path(x[4]) / f) == h for x in done for f, h in want.items())
+            exact = await asyncio.to_thread(_same, d, [Path(x[4]) for x in done])  # off the origin's loop
             out.append({"version": v, "kind": "delta" if m.base is not None else "full", "bytes": m.total_size,
                         "publish_s": t_pub, "T_s": T, "relays_bit_exact": exact})
             print(f"  v{v} {out[-1]['kind']:<5} {m.total_size / 1e6:8.2f} MB through {n} relays in {T:7.2f}s "
