@@ -128,12 +128,16 @@ class Judge:
 
     async def _once(self, rec: PeerRec, kind: str, probe, what: str = "") -> str:
         """Probe a peer at most once per PROBE_CACHE_S for each kind of probe, whatever the number of reports:
-        the verdict is reused for the same target (`what`), and another target meanwhile gets 'recent'."""
+        the verdict is reused for the same target (`what`), and another target waits its turn (reports
+        are rate-limited, so the queue is short; a verdict dropped as 'recent' let a corrupting relay that
+        had just served the origin an intact piece go on)."""
         lock = self._locks.setdefault(rec.peer_id, asyncio.Lock())
         async with lock:
             hit = self._cache.get((rec.peer_id, kind))
-            if hit and time.monotonic() - hit[0] < PROBE_CACHE_S:
-                return hit[2] if hit[1] == what else "recent"
+            if hit and (age := time.monotonic() - hit[0]) < PROBE_CACHE_S:
+                if hit[1] == what:
+                    return hit[2]
+                await asyncio.sleep(PROBE_CACHE_S - age)
             verdict = await probe()
             self._cache[(rec.peer_id, kind)] = (time.monotonic(), what, verdict)
             if len(self._cache) > 4096:
@@ -155,8 +159,6 @@ class Judge:
             return "unreachable"
 
         verdict = await self._once(rec, "reach", probe)
-        if verdict == "recent":
-            return rec.reachable is not False
         if rec.peer_id in self.tracker.peers:
             self.tracker.set_reachable(rec, verdict == "ok", "" if verdict == "ok" else verdict)
         return verdict == "ok"
@@ -179,7 +181,7 @@ class Judge:
                 return "banned"
             if verdict in ("dead", "stall") and not await self.recheck_reach(accused):
                 return "leaf: not reachable"
-            if verdict in ("slow", "dead", "stall", "recent"):
+            if verdict in ("slow", "dead", "stall"):
                 t.event(f"corrupt report on {accused.peer_id} by {who}: inconclusive ({verdict})")
                 return "inconclusive"
             t.penalize(reporter.key, f"corrupt report on {accused.peer_id}: origin's probe says {verdict}")

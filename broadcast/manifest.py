@@ -47,13 +47,25 @@ class FileEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pieces: list[PieceInfo]
 
 
+class TargetFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A file of the version a delta reconstructs: what the node must end up holding, byte for byte."""
+
+    path: str
+    size: int
+    sha256: str  # of the whole file
+
+
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     version: int
     parent: int | None
     piece_size: int
-    files: list[FileEntry]
+    files: list[FileEntry]  # what travels through the tree: the version's files, or a delta's payload
     created: float
     signature: str = ""  # hex ed25519 over signing_payload()
+    # A delta version (broadcast/delta.py): `files` is the payload, applied to version `base` it gives
+    # exactly `target`. A full version has base None and no target (its pieces are its files).
+    base: int | None = None
+    target: list[TargetFile] = []
 
     def signing_payload(self) -> bytes:
         # msgspec encodes fields in declaration order, so this is canonical for a given manifest.
@@ -116,8 +128,12 @@ def build_manifest(
     parent: int | None,
     keypair: KeyPair,
     piece_size: int = 4 << 20,
+    *,
+    base: int | None = None,
+    target: list[TargetFile] | None = None,
 ) -> Manifest:
-    """Hash every file under `version_dir`, sign, and write `manifest.json` there (atomically)."""
+    """Hash every file under `version_dir`, sign, and write `manifest.json` there (atomically). For a delta,
+    `version_dir` holds its payload and `target` the files it reconstructs against version `base`."""
     version_dir = Path(version_dir)
     if not MIN_PIECE_SIZE <= piece_size <= MAX_PIECE_SIZE:
         raise ManifestError(f"piece_size {piece_size} outside [{MIN_PIECE_SIZE}, {MAX_PIECE_SIZE}]")
@@ -130,7 +146,7 @@ def build_manifest(
              for p, h in zip(paths, hashed, strict=True)]
     if not files:
         raise ManifestError(f"{version_dir}: no files to publish")
-    m = Manifest(version, parent, piece_size, files, time.time())
+    m = Manifest(version, parent, piece_size, files, time.time(), base=base, target=target or [])
     m = msgspec.structs.replace(m, signature=keypair.sign(m.signing_payload()).hex())
     validate_manifest(m)
     write_atomic(version_dir / MANIFEST_NAME, encode_manifest(m))
@@ -183,6 +199,35 @@ def validate_manifest(m: Manifest) -> None:
         raise ManifestError(f"total size {total} too large")
     if m.signature and not re.fullmatch(r"[0-9a-f]{128}", m.signature):
         raise ManifestError("signature is not 128 hex digits")
+    _validate_delta(m)
+
+
+DELTA_DIR = "_delta"  # a delta's payload lives here, beside the files it reconstructs
+
+
+def _validate_delta(m: Manifest) -> None:
+    if m.base is None:
+        if m.target:
+            raise ManifestError("a full version lists no target files")
+        return
+    if not 0 <= m.base < m.version:
+        raise ManifestError(f"delta base {m.base} is not older than version {m.version}")
+    if not 0 < len(m.target) <= MAX_FILES:
+        raise ManifestError(f"delta lists {len(m.target)} target files")
+    if any(not f.path.startswith(DELTA_DIR + "/") for f in m.files):
+        raise ManifestError(f"a delta's payload lives under {DELTA_DIR}/")
+    seen: set[str] = set()
+    total = 0
+    for t in m.target:
+        _check_path(t.path)
+        if t.path.split("/")[0] in (DELTA_DIR, "have.log") or t.path in seen:
+            raise ManifestError(f"target path {t.path!r} is reserved or repeated")
+        seen.add(t.path)
+        if t.size < 0 or not _HEX64.match(t.sha256):
+            raise ManifestError(f"target {t.path}: bad size or hash")
+        total += t.size
+    if total > MAX_TOTAL_BYTES:
+        raise ManifestError(f"target size {total} too large")
 
 
 def _check_path(path: str) -> None:

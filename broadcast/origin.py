@@ -17,9 +17,10 @@ from swarm_common.http import start_site
 from swarm_common.keys import KeyPair
 
 from .addresses import is_private, parse_relay_url, relay_url
+from .delta_publish import build_version, serve_file, want_delta
 from .identity import JOIN_SKEW_S, check_join
 from .judge import Judge, Prober
-from .manifest import Manifest, build_manifest, encode_manifest
+from .manifest import Manifest, encode_manifest
 from .messages import MAX_TRACKER_MESSAGE_BYTES, Join, Latest, Leave, PeerHeartbeat, ReachTest, Report, decode
 from .ratelimit import KeyedBuckets, RateLimiter
 from .serving import MAX_VERSION, parse_int, serve_piece
@@ -52,10 +53,13 @@ class Origin:
         allow_private: bool | None = None,
         joins_per_address: tuple[float, float] = (4.0, 64.0),
         joins_per_key: tuple[float, float] = (0.2, 3.0),
+        full_every: int = 1,
     ):
         """`trees` defaults to `fanout`: that is what lets every relay upload exactly what it downloads.
         `allow_private`: accept private/loopback relay addresses (None: when the join reached us on one).
-        `joins_per_*`: (rate per second, burst) of joins accepted per source address and per key."""
+        `joins_per_*`: (rate per second, burst) of joins accepted per source address and per key.
+        `full_every`: every K-th version goes out whole, the others as deltas against the one before
+        (broadcast/delta.py); 1 sends every version whole."""
         self.root_dir = Path(root_dir).resolve()
         self.keypair = keypair
         self.host, self.port = host, port
@@ -66,6 +70,9 @@ class Origin:
         self.limiter = RateLimiter(upload_rate)
         self.heartbeat_interval = heartbeat_interval
         self.versions: dict[int, VersionState] = {}
+        self.full_every = full_every
+        self.full_dirs: dict[int, Path] = {}  # each served version's files whole (the trainer's directory)
+        self._since_full = 0
         self.latest: int | None = None
         self.tracker: Tracker | None = None
         self.max_peers = max_peers
@@ -109,6 +116,7 @@ class Origin:
                 web.get("/info", self._info),
                 web.get("/v/{version}/manifest", self._manifest),
                 web.get("/v/{version}/piece/{index}", self._piece),
+                web.get("/v/{version}/file/{path:.+}", self._file),
             ]
         )
         # Short shutdown: long polls and held piece requests must not keep stop() waiting.
@@ -139,17 +147,26 @@ class Origin:
         if self._runner:
             await self._runner.cleanup()
 
-    async def publish(self, version_dir: Path | str, version: int, parent: int | None) -> Manifest:
-        """Hash+sign `version_dir` (already written by the trainer) and start serving it."""
+    async def publish(self, version_dir: Path | str, version: int, parent: int | None,
+                      full: bool | None = None) -> Manifest:
+        """Hash+sign `version_dir` (already written by the trainer) and start serving it: as a delta against
+        `parent` or whole, by the `full_every` rule unless `full` says (see delta_publish.build_version)."""
         if self.latest is not None and version <= self.latest:
             raise ValueError(f"version {version} is not newer than the latest published ({self.latest})")
         version_dir = Path(version_dir).resolve()
-        m = await asyncio.to_thread(build_manifest, version_dir, version, parent, self.keypair, self.piece_size)
-        self.versions[version] = VersionState(m, version_dir, complete=True)
+        base = self.full_dirs.get(parent) if parent is not None and parent in self.versions else None
+        if not want_delta(full, self._since_full, self.full_every):
+            base = None
+        m, served = await asyncio.to_thread(build_version, version_dir, version, parent, self.keypair,
+                                            self.piece_size, base, self.root_dir / "deltas" / f"v{version}")
+        self._since_full = 0 if m.base is None else self._since_full + 1
+        self.versions[version] = VersionState(m, served, complete=True)
+        self.full_dirs[version] = version_dir
         self.latest = version
         self._retention()
         assert self.tracker
-        self.tracker.event(f"publish v{version} ({m.total_size} bytes, {m.n_pieces} pieces)")
+        kind = f"delta against v{m.base}" if m.base is not None else "whole"
+        self.tracker.event(f"publish v{version} {kind} ({m.total_size} bytes, {m.n_pieces} pieces)")
         async with self._new_version:
             self._new_version.notify_all()
         return m
@@ -158,6 +175,7 @@ class Origin:
         # Stop serving all but the newest `keep`; delete only directories that live under our root_dir.
         for v in sorted(self.versions)[: -self.keep]:
             st = self.versions.pop(v)
+            self.full_dirs.pop(v, None)
             st.abandon()
             if st.dir.is_relative_to(self.root_dir) and st.dir != self.root_dir:
                 shutil.rmtree(st.dir, ignore_errors=True)
@@ -363,6 +381,10 @@ class Origin:
         if st is None:
             raise web.HTTPNotFound(text=f"version {version} not available (retired or never published)")
         return web.Response(body=encode_manifest(st.manifest), content_type="application/json")
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        return await serve_file(request, {v: st.manifest for v, st in self.versions.items()}, self.full_dirs,
+                                self.limiter)
 
     async def _piece(self, request: web.Request) -> web.StreamResponse:
         async def lookup(v: int) -> VersionState | None:

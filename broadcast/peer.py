@@ -25,6 +25,7 @@ from swarm_common.http import start_site
 from swarm_common.keys import KeyPair, fingerprint
 
 from .addresses import is_loopback, parse_relay_url
+from .delta_fetch import materialize
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest
 from .membership import Evicted, FetchError, Membership
 from .messages import Leave
@@ -216,7 +217,14 @@ class Peer(Membership, Sourcing):
                     raise FetchError(f"v{version} is not available from the origin (retired or never published)")
                 if r.status != 200:
                     raise FetchError(f"origin answered {r.status} for the v{version} manifest")
-                data = await r.content.read(MAX_MANIFEST_BYTES + 1)
+                # read(n) returns what has arrived so far, not n bytes: a large manifest needs the loop.
+                chunks, got = [], 0
+                async for chunk in r.content.iter_chunked(1 << 16):
+                    chunks.append(chunk)
+                    got += len(chunk)
+                    if got > MAX_MANIFEST_BYTES:
+                        break
+                data = b"".join(chunks)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise FetchError(f"could not get the v{version} manifest: {e}") from e
         try:
@@ -256,6 +264,8 @@ class Peer(Membership, Sourcing):
             await asyncio.gather(*workers, return_exceptions=True)
             if bar:
                 bar.close()
+        if m.base is not None:  # a delta: its pieces become the version's files first (delta_fetch.py)
+            await materialize(self, st)
         path = await asyncio.to_thread(self.store.finalize, st)
         dt = time.monotonic() - t0
         log.info("v%d complete: %d bytes in %.2fs (%.1f MB/s)", version, m.total_size, dt, m.total_size / dt / 1e6)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from swarm_common.atomic import replace_dir
 
+from .delta import targets_ok
 from .manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -153,6 +154,10 @@ class Store:
             bad = next((i for i in range(len(st.pieces)) if not st.on_disk_ok(i)), None)
             if bad is not None:
                 log.warning("%s: piece %d does not match its manifest; deleting the version", d, bad)
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            if man.target and not targets_ok(d, man.target):  # a delta's rebuilt files, checked as well
+                log.warning("%s: a rebuilt file does not match its manifest; deleting the version", d)
                 shutil.rmtree(d, ignore_errors=True)
                 continue
             out[man.version] = st

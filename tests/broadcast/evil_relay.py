@@ -1,8 +1,11 @@
-"""A relay that flips a byte in every piece it serves: the tree must catch, bypass and ban it."""
+"""A relay that flips a byte in every piece it serves: the tree must catch, bypass and ban it.
+
+EVIL_FROM_VERSION=N in the environment: serve versions below N honestly, corrupt from N on."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from aiohttp import web
@@ -19,7 +22,8 @@ class EvilPeer(Peer):
         if st is None or not await st.wait_piece(index, 3):
             raise web.HTTPNotFound()
         data = bytearray(b"".join(st.read_chunks(index)))
-        data[len(data) // 2] ^= 0xFF
+        if st.version >= int(os.environ.get("EVIL_FROM_VERSION", "0")):
+            data[len(data) // 2] ^= 0xFF
         return web.Response(body=bytes(data))
 
 
