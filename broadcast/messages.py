@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -22,11 +22,19 @@ class Joined(msgspec.Struct):
     heartbeat_interval: float
 
 
+class Received(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """What this peer got from one source since its last heartbeat: the tracker's only uplink evidence."""
+
+    bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]  # of verified pieces
+    seconds: Annotated[float, msgspec.Meta(ge=0, le=3600)]  # spent receiving from it (overlaps counted once)
+
+
 class PeerHeartbeat(msgspec.Struct, forbid_unknown_fields=True):
     peer_id: str
     token: str
     complete: list[int] = []  # verified complete versions held
     progress: dict[int, int] = {}  # version -> verified pieces, for versions in flight
+    received: Annotated[dict[str, Received], msgspec.Meta(max_length=64)] = {}  # source url -> what came
 
 
 class TreeSources(msgspec.Struct):

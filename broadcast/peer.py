@@ -24,6 +24,7 @@ from swarm_common.keys import fingerprint
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest
 from .messages import Join, Joined, Latest, Leave, PeerHeartbeat, Report, TreeSources, decode
 from .ratelimit import RateLimiter
+from .receive_meter import ReceiveMeter
 from .serving import serve_piece
 from .store import Store, VersionState
 
@@ -87,6 +88,7 @@ class Peer:
         self.evicted: str | None = None
         self._downloads: dict[int, asyncio.Task] = {}
         self._blacklist: dict[str, float] = {}
+        self._received = ReceiveMeter()  # per source: what came and how long it took (placement evidence)
         self._changed = asyncio.Condition()  # states/latest changed
         self._hb_now = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -213,7 +215,7 @@ class Peer:
     async def _heartbeat_once(self) -> None:
         assert self.peer_id
         progress = {v: st.n_have for v, st in self.states.items() if not st.complete}
-        msg = PeerHeartbeat(self.peer_id, self._token, self.complete_versions(), progress)
+        msg = PeerHeartbeat(self.peer_id, self._token, self.complete_versions(), progress, self._received.take())
         try:
             status, body = await self._post("/heartbeat", msg)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
@@ -437,21 +439,24 @@ class Peer:
                     reason, detail = "corrupt", f"length {r.content_length} != {ref.size}"
                 else:
                     chunks, got = [], 0
-                    async for chunk in r.content.iter_chunked(RECV_CHUNK):
-                        chunks.append(chunk)
-                        got += len(chunk)
-                        if got > ref.size:
-                            break
+                    self._received.begin(src)
+                    try:
+                        async for chunk in r.content.iter_chunked(RECV_CHUNK):
+                            chunks.append(chunk)
+                            got += len(chunk)
+                            if got > ref.size:
+                                break
+                    finally:
+                        self._received.end(src)
                     buf = b"".join(chunks)
                     if len(buf) != ref.size:
                         reason, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"
                     # Hashing in a thread (hashlib lets go of the GIL): the loop goes on receiving meanwhile.
                     elif not await asyncio.to_thread(ref.matches, buf):
                         reason, detail = "corrupt", "sha256 mismatch"
-                    elif st.abandoned:
-                        return "ok"  # the download was dropped meanwhile; nothing to write
                     else:
-                        if not st.have[index]:
+                        self._received.credit(src, ref.size)
+                        if not st.abandoned and not st.have[index]:  # abandoned: dropped meanwhile, no write
                             st.write_piece(index, buf)  # on the loop: abandon() closes these files there
                             st.mark(index)
                         return "ok"

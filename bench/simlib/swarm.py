@@ -16,6 +16,7 @@ import time as _time
 
 import broadcast.tracker as tracker_mod
 from broadcast.messages import Join, PeerHeartbeat
+from broadcast.receive_meter import ReceiveMeter
 from broadcast.tracker import Tracker, TrackerError
 
 from .engine import Host, Net, Sim, Xfer
@@ -67,7 +68,7 @@ class SimPeer:
         self.done_at: dict[int, float] = {}
         self.hb_gen = 0
         self.xfers: set[Xfer] = set()
-        self.recv: dict[str, list[float]] = {}  # source url -> [bytes, busy s, active, busy since]
+        self.meter: ReceiveMeter | None = None  # broadcast/peer.py's own meter, on simulated time
 
 
 class Swarm:
@@ -107,6 +108,7 @@ class Swarm:
     # -- membership -------------------------------------------------------------------------------------
     def arrive(self, p: SimPeer) -> None:
         self.peers[p.url] = p
+        p.meter = ReceiveMeter(lambda: self.sim.now)
         self.sim.after(p.host.lat + self.origin.lat, self._join, p)
 
     def _join(self, p: SimPeer) -> None:
@@ -149,7 +151,7 @@ class Swarm:
         if periodic:
             p.hb_gen += 1
             self.sim.after(self.hb, self._tick, p, p.hb_gen)
-        received = self._take_received(p) if self.report_uploads else {}
+        received = {"received": p.meter.take()} if self.report_uploads else {}
         progress = {p.version: p.n_have} if p.version and p.version not in p.done_at else {}
         msg = PeerHeartbeat(p.pid, p.token, list(p.complete), progress, **received)
         self.sim.after(p.host.lat + self.origin.lat, self._hb_at_tracker, p, msg)
@@ -171,20 +173,6 @@ class Swarm:
 
     def _set_sources(self, p: SimPeer, sources: list[list[str]]) -> None:
         p.sources = sources
-
-    def _take_received(self, p: SimPeer) -> dict:
-        """Bytes and busy seconds per source since the last beat (see broadcast/peer.py's UploadMeter)."""
-        from broadcast.messages import Received
-
-        now, out = self.sim.now, {}
-        for url, m in p.recv.items():
-            busy = m[1] + (now - m[3] if m[2] else 0.0)
-            if m[0] > 0:
-                out[url] = Received(int(m[0]), round(busy, 4))
-            m[0], m[1] = 0.0, 0.0
-            if m[2]:
-                m[3] = now
-        return {"received": out} if out else {}
 
     # -- a version ---------------------------------------------------------------------------------------
     def publish(self, v: int, size: int) -> None:
@@ -267,22 +255,15 @@ class Swarm:
         req[6] = False
         if not p.host.alive:
             return
-        m = p.recv.get(req[7])
-        if m is None:
-            m = p.recv[req[7]] = [0.0, 0.0, 0, 0.0]
-        if m[2] == 0:
-            m[3] = self.sim.now
-        m[2] += 1
+        p.meter.begin(req[7])
         size = self._piece_size(p.version, req[2])
-        self.net.start(src, p.host, size, lambda x, ok, r=req, mm=m: self._sent(r, mm, ok))
+        self.net.start(src, p.host, size, lambda x, ok, r=req: self._sent(r, ok))
 
-    def _sent(self, req: list, m: list, ok: bool) -> None:
+    def _sent(self, req: list, ok: bool) -> None:
         p = req[0]
-        m[2] -= 1
-        if m[2] == 0:
-            m[1] += self.sim.now - m[3]
+        p.meter.end(req[7])
         if ok:
-            m[0] += self._piece_size(p.version, req[2])
+            p.meter.credit(req[7], self._piece_size(p.version, req[2]))
         src = self.host_of(req[7])
         lat = self._lat(p.host, src) if src else p.host.lat
         self.sim.after(lat, self._arrived if ok else self._failed, req, *(() if ok else ("dead",)))
