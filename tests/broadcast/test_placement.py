@@ -46,7 +46,7 @@ def test_layout_gives_children_by_uplink_and_slow_relays_are_leaves():
 def test_meter_credits_only_what_reports_prove():
     m = UploadMeter()
     # four children served at once, 2 s each at a quarter of 100 Mbit/s: the uplink is 100 Mbit/s
-    for c in range(4):
+    for _ in range(4):
         m.note({"http://a:1": Received(int(25 * Mbit * 2), 2.0)}, now=10.0)
     assert 95 * Mbit < m.estimate["http://a:1"] <= 101 * Mbit
     # tiny or instant reports say nothing about bandwidth
