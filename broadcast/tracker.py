@@ -192,7 +192,7 @@ class Tracker:
 
     # -- placement by measured uplink (broadcast/placement.py) -----------------------------------------------
     def _note_uploads(self, rec: PeerRec, received: dict[str, Received], latest: int | None) -> None:
-        if latest is not None:
+        if latest is not None and latest != self.uploads.epoch:
             live = {p.url for p in self.peers.values() if p.url} | {self.origin_url}
             if self.uploads.new_epoch(latest, live):
                 self._topo = None  # a new version: lay the trees out by what was measured
