@@ -6,7 +6,8 @@ the fluid bound max(S/u_origin, S/d_min, N*S/(u_origin + sum of uplinks)) and wi
   star        every peer fetches from the origin (fluid model, its best case)
   shardcast   origin -> ceil(sqrt(N)) relays with server links -> peers (fluid model, its best case)
 
-Each tree run first sends a warm-up version (same size, no churn) so measured uplinks exist, then the
+Each tree run first sends --warmups versions (delta-sized, no churn): the tree has carried versions before,
+and the tracker has measured uplinks (the first warm-up runs on the join-order layout). Then the
 measured version with churn: churn*N/2 peers leave (half post /leave, half die) and churn*N/2 arrive at
 uniform times in [0, B/2] after publishing (B = the bound of the starting swarm). T runs from publishing
 until every peer present at the end holds the version. The bound adds max(a + S/d) over arrivals.
@@ -53,16 +54,20 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
         for p in peers:
             sim.at(rng.uniform(0, 1.0), sw.arrive, p)
         sw.on_all_done = lambda: setattr(sim, "stopped", True)
-        sim.at(3.0, sw.publish, 1, size)
-        sim.run(until=1e6)
-        warm_T = max(p.done_at[1] for p in peers if p.host.alive) - 3.0
+        warm_T, t_pub = [], 3.0
+        for v in range(1, args.warmups + 1):
+            sim.stopped = False
+            sim.at(t_pub, sw.publish, v, args.warmup_size)
+            sim.run(until=t_pub + 1e6)
+            warm_T.append(round(max(p.done_at[v] for p in peers if p.host.alive) - t_pub, 1))
+            t_pub = sim.now + 1.0
         sim.stopped = False
-        t_pub = sim.now + 1.0
+        last = args.warmups + 1
         state = {"left": len(churn)}
         arrivals: list[tuple[float, Link]] = []
 
         def done_check() -> None:
-            if state["left"] == 0 and all(2 in p.done_at for p in sw.peers.values() if p.host.alive):
+            if state["left"] == 0 and all(last in p.done_at for p in sw.peers.values() if p.host.alive):
                 sim.stopped = True
 
         def churn_event(kind: str, lk: Link | None) -> None:
@@ -77,13 +82,13 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
             done_check()
 
         sw.on_all_done = done_check
-        sim.at(t_pub, sw.publish, 2, size)
+        sim.at(t_pub, sw.publish, last, size)
         for dt, kind, lk in churn:
             sim.at(t_pub + dt, churn_event, kind, lk)
         sim.run(until=t_pub + 1e6)
         present = [p for p in sw.peers.values() if p.host.alive]
-        missing = sum(2 not in p.done_at for p in present)
-        T = max(p.done_at.get(2, math.inf) for p in present) - t_pub
+        missing = sum(last not in p.done_at for p in present)
+        T = max(p.done_at.get(last, math.inf) for p in present) - t_pub
         bound = fluid_bound(size, origin.up, [Link(p.host.up, p.host.down, 0) for p in present], arrivals)
     return {"T": T, "bound": bound, "warmup_T": warm_T, "present": len(present), "missing": missing,
             "events": sim.events, "reports": dict(sw.reports), "tracker_peers": len(sw.tracker.peers)}
@@ -123,6 +128,12 @@ def main() -> None:
                     choices=["tree", "tree-blind", "star", "shardcast"])
     ap.add_argument("--piece-kib", type=int, default=1024, help="as trainer's ServerConfig.piece_bytes")
     ap.add_argument("--delta-piece-kib", type=int, default=None, help="piece size for deltas (default: same)")
+    ap.add_argument("--warmup-frac", type=float, default=None,
+                    help="size of the warm-up version as a share of S (default: the delta's)")
+    ap.add_argument("--warmups", type=int, default=3, help="versions sent before the measured one")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="simulate this many consecutive pieces as one (fewer events; each hop then waits for "
+                         "a whole batch, so T comes out pessimistic)")
     ap.add_argument("--trees", type=int, default=4)
     ap.add_argument("--fanout", type=int, default=4)
     ap.add_argument("--window", type=int, default=2)
@@ -145,14 +156,15 @@ def main() -> None:
     for kind in args.versions:
         size = int(args.size_mb * MB * (args.delta_frac if kind == "delta" else 1.0))
         pk = args.delta_piece_kib if kind == "delta" and args.delta_piece_kib else args.piece_kib
-        args.piece = pk << 10
+        args.piece = (pk << 10) * (args.batch if kind == "full" else 1)
+        args.warmup_size = int(args.size_mb * MB * (args.warmup_frac or args.delta_frac))
         b0 = fluid_bound(size, origin.up, links)
         churn = plan_churn(random.Random(args.seed + 1), args.n, args.churn, b0 / 2, args.dist)
         for design in args.designs:
             t0 = time.process_time()
             if design.startswith("tree"):
                 r = run_tree(links, origin, size, churn, args, measured=design == "tree")
-                note = (f"warm-up {r['warmup_T']:.1f}s; {r['present']} present; reports {r['reports']}; "
+                note = (f"warm-ups {r['warmup_T']} s; {r['present']} present; reports {r['reports']}; "
                         f"{r['events'] / 1e6:.2f}M events")
                 if r["missing"]:
                     note += f"; {r['missing']} never finished"
