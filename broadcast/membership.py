@@ -147,7 +147,7 @@ class Membership:
             return
         progress = {v: st.n_have for v, st in self.states.items() if not st.complete}
         msg = PeerHeartbeat(self.peer_id, self._token, self.complete_versions(), progress,
-                            self.served_bytes, dict(list(self.received.items())[-64:]))
+                            self.served_bytes, dict(list(self.received.items())[-64:]), self._received.take())
         try:
             status, body = await self._post("/heartbeat", msg)
         except NET_ERRORS as e:

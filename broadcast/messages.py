@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -37,6 +37,13 @@ class Joined(msgspec.Struct):
     reach_error: str = ""  # why not, for the peer's log
 
 
+class Received(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """What this peer got from one source since its last heartbeat: the tracker's only uplink evidence."""
+
+    bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]  # of verified pieces
+    seconds: Annotated[float, msgspec.Meta(ge=0, le=3600)]  # spent receiving from it (overlaps counted once)
+
+
 class PeerHeartbeat(msgspec.Struct, forbid_unknown_fields=True):
     peer_id: str
     token: str
@@ -44,6 +51,9 @@ class PeerHeartbeat(msgspec.Struct, forbid_unknown_fields=True):
     progress: dict[int, int] = {}  # version -> verified pieces, for versions in flight
     served_bytes: int = 0  # bytes this peer's relay has uploaded since it started
     received: dict[str, int] = {}  # source URL -> verified bytes received from it since start
+    # What came from each source since the last heartbeat, and how long it took: uplink evidence for
+    # bandwidth-aware placement (broadcast/placement.py; counted only from peers with standing).
+    recent: Annotated[dict[str, Received], msgspec.Meta(max_length=64)] = {}
 
 
 class TreeSources(msgspec.Struct):

@@ -30,6 +30,7 @@ from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest
 from .membership import Evicted, FetchError, Membership
 from .messages import Leave
 from .ratelimit import RateLimiter
+from .receive_meter import ReceiveMeter
 from .serving import serve_piece
 from .sourcing import MIN_FIRST_BYTE_S, Sourcing
 from .store import Store, VersionState
@@ -106,6 +107,7 @@ class Peer(Membership, Sourcing):
         self._answer_s: float | None = None  # smoothed time to a source's answer
         self._downloads: dict[int, asyncio.Task] = {}
         self._blacklist: dict[str, float] = {}
+        self._received = ReceiveMeter()  # per source: what came and how long it took (placement evidence)
         self._changed = asyncio.Condition()  # states/latest changed
         self._hb_now = asyncio.Event()
         self._tasks: list[asyncio.Task] = []

@@ -148,11 +148,15 @@ class Sourcing:
                     reason, detail = "corrupt", f"length {r.content_length} != {ref.size}"
                 else:
                     chunks = []
-                    async for chunk in r.content.iter_chunked(RECV_CHUNK):
-                        chunks.append(chunk)
-                        tr.got += len(chunk)
-                        if tr.got > ref.size:
-                            break
+                    self._received.begin(src)
+                    try:
+                        async for chunk in r.content.iter_chunked(RECV_CHUNK):
+                            chunks.append(chunk)
+                            tr.got += len(chunk)
+                            if tr.got > ref.size:
+                                break
+                    finally:
+                        self._received.end(src)
                     buf = b"".join(chunks)
                     if len(buf) != ref.size:
                         reason, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"
@@ -161,6 +165,7 @@ class Sourcing:
                         reason, detail = "corrupt", "sha256 mismatch"
                     else:
                         tr.outcome = "ok"
+                        self._received.credit(src, ref.size)
                         self.received[src] = self.received.pop(src, 0) + ref.size
                         if len(self.received) > 64:
                             del self.received[next(iter(self.received))]

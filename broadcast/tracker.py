@@ -18,7 +18,8 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from .messages import Banned, Join, Joined, PeerHeartbeat, PeerView, TreeSources, TreeView
+from .messages import Banned, Join, Joined, PeerHeartbeat, PeerView, Received, TreeSources, TreeView
+from .placement import Candidate, UploadMeter, measured_layout
 
 MAX_BANNED = 10_000
 PENALTY_DECAY_S = 60.0  # one unconfirmed report forgiven per minute
@@ -87,6 +88,7 @@ class Tracker:
         self.events: collections.deque[str] = collections.deque(maxlen=200)
         self._seq = 0
         self._topo: tuple[list[dict[str, str | None]], list[dict[str | None, list[str]]]] | None = None
+        self.uploads = UploadMeter()  # placement: children's reports of what each source uploaded
 
     # -- standing -------------------------------------------------------------------------------------
     def event(self, msg: str) -> None:
@@ -228,6 +230,8 @@ class Tracker:
                         del src.confirmed[next(iter(src.confirmed))]
                     if src.uploaded >= self.prove_bytes:
                         self.prove(src, f"{src.uploaded} bytes confirmed by its children")
+        # Placement by measured uplinks: a fresh key's numbers could be made up, so only standing counts.
+        self._note_uploads(rec, msg.recent if self.has_standing(rec) else {}, latest)
         return TreeSources(latest, self.sources(rec.peer_id), rec.reachable)
 
     def remove(self, peer_id: str, why: str) -> None:
@@ -290,6 +294,9 @@ class Tracker:
         """Per tree: parent of each peer (None = origin) and children of each node (None key = origin)."""
         if self._topo is not None:
             return self._topo
+        if self.uploads.placed:
+            self._topo = self._measured_topology()
+            return self._topo
         parents: list[dict[str, str | None]] = []
         children: list[dict[str | None, list[str]]] = []
         ordered = sorted(self.peers.values(), key=lambda p: p.seq)
@@ -328,6 +335,31 @@ class Tracker:
             children.append(dict(kids))
         self._topo = (parents, children)
         return self._topo
+
+    # -- placement by measured uplink (broadcast/placement.py) -----------------------------------------------
+    def _note_uploads(self, rec: PeerRec, received: dict[str, Received], latest: int | None) -> None:
+        if latest is not None and latest != self.uploads.epoch:
+            live = {p.url for p in self.peers.values() if p.url} | {self.origin_url}
+            if self.uploads.new_epoch(latest, live):
+                self._topo = None  # a new version: lay the trees out by what was measured
+                for p in self.peers.values():
+                    # A stall report blames the relay a child waited on, often the victim of a slow one above
+                    # it; once uplinks are measured, the new layout decides again (a real staller re-earns it).
+                    if p.demoted and p.url in self.uploads.placed:
+                        p.demoted = False
+                        p.reporters.clear()
+        if received:
+            self.uploads.note(received, time.monotonic())
+
+    def _measured_topology(self) -> tuple[list[dict[str, str | None]], list[dict[str | None, list[str]]]]:
+        ordered = sorted(self.peers.values(), key=lambda p: p.seq)
+        placed = self.uploads.placed
+        cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, placed.get(p.url) if p.url else None)
+                 for p in ordered]
+        group, parents, children = measured_layout(cands, self.trees, self.fanout, placed.get(self.origin_url))
+        for p in ordered:
+            p.group = group[p.peer_id]
+        return parents, children
 
     def sources(self, peer_id: str) -> list[list[str]]:
         """For each tree, the chain of ancestor URLs: parent first, origin last."""

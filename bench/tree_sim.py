@@ -1,0 +1,185 @@
+"""Simulate one version reaching N peers at internet scale, through the real tracker, and compare T with
+the fluid bound max(S/u_origin, S/d_min, N*S/(u_origin + sum of uplinks)) and with a star and SHARDCAST.
+
+  tree        broadcast.tracker.Tracker places peers; peers behave as broadcast/peer.py (bench/simlib)
+  tree-blind  the same, but peers send no upload reports, so placement falls back to join order
+  star        every peer fetches from the origin (fluid model, its best case)
+  shardcast   origin -> ceil(sqrt(N)) relays with server links -> peers (fluid model, its best case)
+
+Each tree run first sends --warmups versions (delta-sized, no churn): the tree has carried versions before,
+and the tracker has measured uplinks (the first warm-up runs on the join-order layout). Then the
+measured version with churn: churn*N/2 peers leave (half post /leave, half die) and churn*N/2 arrive at
+uniform times in [0, B/2] after publishing (B = the bound of the starting swarm). T runs from publishing
+until every peer present at the end holds the version. The bound adds max(a + S/d) over arrivals.
+See docs/tree-simulation.md for the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.simlib.engine import Host, Sim  # noqa: E402
+from bench.simlib.fluid import shardcast, star  # noqa: E402
+from bench.simlib.links import DISTRIBUTIONS, Link, Mbit, draw, fluid_bound  # noqa: E402
+from bench.simlib.swarm import SimPeer, Swarm, simulated_time  # noqa: E402
+
+MB = 1e6
+
+
+def plan_churn(rng: random.Random, n: int, churn: float, window: float, dist: str) -> list[tuple]:
+    """(time after publish, 'leave'|'die'|'arrive', Link or None), sorted."""
+    k = round(churn * n)
+    ev = []
+    for j in range(k):
+        kind = "arrive" if j % 2 else ("leave" if j % 4 == 0 else "die")
+        ev.append((rng.uniform(0, window), kind, draw(dist, rng) if kind == "arrive" else None))
+    return sorted(ev, key=lambda e: e[0])
+
+
+def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], args, measured: bool) -> dict:
+    sim = Sim()
+    o = Host("origin", origin.up, origin.down, origin.lat)
+    rng = random.Random(args.seed + 7)
+    with simulated_time(sim):
+        sw = Swarm(sim, o, args.trees, args.fanout, args.piece, args.window, report_uploads=measured)
+        peers = [SimPeer(i, Host(f"p{i}", lk.up, lk.down, lk.lat)) for i, lk in enumerate(links)]
+        for p in peers:
+            sim.at(rng.uniform(0, 1.0), sw.arrive, p)
+        sw.on_all_done = lambda: setattr(sim, "stopped", True)
+        warm_T, t_pub = [], 3.0
+        for v in range(1, args.warmups + 1):
+            sim.stopped = False
+            sim.at(t_pub, sw.publish, v, args.warmup_size)
+            sim.run(until=t_pub + 1e6)
+            warm_T.append(round(max(p.done_at[v] for p in peers if p.host.alive) - t_pub, 1))
+            t_pub = sim.now + 1.0
+        sim.stopped = False
+        last = args.warmups + 1
+        state = {"left": len(churn)}
+        arrivals: list[tuple[float, Link]] = []
+
+        def done_check() -> None:
+            if state["left"] == 0 and all(last in p.done_at for p in sw.peers.values() if p.host.alive):
+                sim.stopped = True
+
+        def churn_event(kind: str, lk: Link | None) -> None:
+            if kind == "arrive":
+                p = SimPeer(len(sw.peers), Host(f"p{len(sw.peers)}", lk.up, lk.down, lk.lat))
+                arrivals.append((sim.now - t_pub, lk))
+                sw.arrive(p)
+            else:
+                alive = [p for p in sw.peers.values() if p.host.alive and p.pid]
+                sw.depart(rng.choice(alive), graceful=kind == "leave")
+            state["left"] -= 1
+            done_check()
+
+        sw.on_all_done = done_check
+        sim.at(t_pub, sw.publish, last, size)
+        for dt, kind, lk in churn:
+            sim.at(t_pub + dt, churn_event, kind, lk)
+        sim.run(until=t_pub + 1e6)
+        present = [p for p in sw.peers.values() if p.host.alive]
+        missing = sum(last not in p.done_at for p in present)
+        T = max(p.done_at.get(last, math.inf) for p in present) - t_pub
+        bound = fluid_bound(size, origin.up, [Link(p.host.up, p.host.down, 0) for p in present], arrivals)
+    return {"T": T, "bound": bound, "warmup_T": warm_T, "present": len(present), "missing": missing,
+            "events": sim.events, "reports": dict(sw.reports), "tracker_peers": len(sw.tracker.peers)}
+
+
+def run_fluid(design: str, links: list[Link], origin: Link, size: int, churn: list[tuple], rng) -> dict:
+    clients = [(0.0, math.inf, lk.down) for lk in links]
+    arrivals = []
+    for dt, kind, lk in churn:
+        if kind == "arrive":
+            clients.append((dt, math.inf, lk.down))
+            arrivals.append((dt, lk))
+        else:
+            i = rng.choice([i for i, c in enumerate(clients) if c[1] == math.inf and c[0] <= dt])
+            clients[i] = (clients[i][0], dt, clients[i][2])
+    extra = {}
+    if design == "star":
+        fin = star(size, origin.up, clients)
+    else:
+        fin, m = shardcast(size, origin.up, origin.up, origin.down, clients)
+        extra["relays"] = m
+    present = [i for i, c in enumerate(clients) if c[1] == math.inf]
+    all_links = links + [lk for _, lk in arrivals]
+    bound = fluid_bound(size, origin.up, [all_links[i] for i in present], arrivals)
+    return {"T": max(fin[i] for i in present), "bound": bound, "present": len(present), **extra}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--dist", default="home-mix", choices=sorted(DISTRIBUTIONS))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--size-mb", type=float, default=270.0, help="full version (SmolLM2-135M in bf16)")
+    ap.add_argument("--delta-frac", type=float, default=0.05)
+    ap.add_argument("--versions", nargs="+", default=["full", "delta"], choices=["full", "delta"])
+    ap.add_argument("--designs", nargs="+", default=["tree", "tree-blind", "star", "shardcast"],
+                    choices=["tree", "tree-blind", "star", "shardcast"])
+    ap.add_argument("--piece-kib", type=int, default=1024, help="as trainer's ServerConfig.piece_bytes")
+    ap.add_argument("--delta-piece-kib", type=int, default=None, help="piece size for deltas (default: same)")
+    ap.add_argument("--warmup-frac", type=float, default=None,
+                    help="size of the warm-up version as a share of S (default: the delta's)")
+    ap.add_argument("--warmups", type=int, default=3, help="versions sent before the measured one")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="simulate this many consecutive pieces as one (fewer events; each hop then waits for "
+                         "a whole batch, so T comes out pessimistic)")
+    ap.add_argument("--trees", type=int, default=4)
+    ap.add_argument("--fanout", type=int, default=4)
+    ap.add_argument("--window", type=int, default=2)
+    ap.add_argument("--churn", type=float, default=0.10)
+    ap.add_argument("--origin-mbit", type=float, default=1000.0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    rng = random.Random(args.seed)
+    links = [draw(args.dist, rng) for _ in range(args.n)]
+    origin = Link(args.origin_mbit * Mbit, args.origin_mbit * Mbit, 0.002)
+    print(f"N = {args.n}, links: {args.dist} = {DISTRIBUTIONS[args.dist]}; seed {args.seed}")
+    print(f"origin {args.origin_mbit:.0f} Mbit/s; {args.trees} trees, fanout {args.fanout}, window {args.window}; "
+          f"churn {args.churn:.0%} of N during the version; mean uplink "
+          f"{sum(lk.up for lk in links) / len(links) / Mbit:.1f} Mbit/s, min downlink "
+          f"{min(lk.down for lk in links) / Mbit:.1f} Mbit/s")
+    print(f"{'version':<7} {'S (MB)':>7} {'piece':>6} {'design':<11} {'T (s)':>8} {'bound (s)':>9} {'T/bound':>8}  note")
+    out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+           "distribution": DISTRIBUTIONS[args.dist], "rows": []}
+    for kind in args.versions:
+        size = int(args.size_mb * MB * (args.delta_frac if kind == "delta" else 1.0))
+        pk = args.delta_piece_kib if kind == "delta" and args.delta_piece_kib else args.piece_kib
+        args.piece = (pk << 10) * (args.batch if kind == "full" else 1)
+        args.warmup_size = int(args.size_mb * MB * (args.warmup_frac or args.delta_frac))
+        b0 = fluid_bound(size, origin.up, links)
+        churn = plan_churn(random.Random(args.seed + 1), args.n, args.churn, b0 / 2, args.dist)
+        for design in args.designs:
+            t0 = time.process_time()
+            if design.startswith("tree"):
+                r = run_tree(links, origin, size, churn, args, measured=design == "tree")
+                note = (f"warm-ups {r['warmup_T']} s; {r['present']} present; reports {r['reports']}; "
+                        f"{r['events'] / 1e6:.2f}M events")
+                if r["missing"]:
+                    note += f"; {r['missing']} never finished"
+            else:
+                r = run_fluid(design, links, origin, size, churn, random.Random(args.seed + 2))
+                note = f"fluid; {r['present']} present" + (f"; {r['relays']} relays" if "relays" in r else "")
+            r.update(version=kind, size=size, piece=args.piece, design=design, ratio=r["T"] / r["bound"],
+                     cpu_s=time.process_time() - t0)
+            out["rows"].append(r)
+            print(f"{kind:<7} {size / MB:>7.1f} {pk:>4}Ki {design:<11} {r['T']:>8.2f} {r['bound']:>9.2f} "
+                  f"{r['ratio']:>8.2f}  {note}; {r['cpu_s']:.0f} s CPU", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2, default=str))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Bandwidth-aware placement: which tree each relay is interior in, and who is whose parent.
+
+A relay's uplink is never taken from what it claims. Each child reports, per source, the bytes of verified
+pieces it received and the seconds it spent receiving them; the tracker credits a source with what those
+reports prove it uploaded (UploadMeter). Estimates are frozen when a new version appears, so the layout
+holds still while a version is in flight.
+
+With estimates, every measured relay gets children in proportion to its uplink: c_v = min(u_v // r, cap)
+children, where r, the rate each child should get, is the largest one for which every tree has a place for
+every peer. Fast relays sit highest (fewest hops), relays too slow for one child at r are leaves everywhere,
+and relays not yet measured (newcomers) sit below the measured ones, used only where places run short.
+Without any estimate the tracker keeps its join-order SplitStream layout.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+MIN_BYTES = 16 << 10  # smaller reports say more about latency than about bandwidth
+MIN_SECONDS = 0.005
+MAX_RATE = 100e9 / 8  # no child sees more than 100 Gbit/s from one source
+
+
+@dataclass
+class Candidate:
+    peer_id: str
+    url: str | None
+    capable: bool  # may be interior (relays, reachable, not demoted)
+    group: int | None  # the tree the join code put it in
+    uplink: float | None  # bytes/s measured, None if not yet
+
+
+class UploadMeter:
+    """Children's reports -> uplink estimates per source URL (the origin's included).
+
+    Both figures below are lower bounds on a source's uplink, so a source is never credited with more than
+    it has shown: the fastest rate one child saw from it (one stream can't beat the uplink), and all its
+    children's bytes this version over the span from the first report's start to the last report."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self._seen: dict[str, list] = {}  # source url -> [best child rate, bytes, first start, last end]
+        self.estimate: dict[str, float] = {}  # source url -> latest uplink estimate
+        self.placed: dict[str, float] = {}  # the estimates the current layout uses
+
+    def note(self, received: dict, now: float) -> None:
+        for url, r in list(received.items())[:64]:
+            if r.bytes < MIN_BYTES or r.seconds < MIN_SECONDS:
+                continue
+            s = self._seen.get(url)
+            if s is None:
+                s = self._seen[url] = [0.0, 0, now - r.seconds, now]
+            s[0] = max(s[0], min(r.bytes / r.seconds, MAX_RATE))
+            s[1] += r.bytes
+            s[2] = min(s[2], now - r.seconds)
+            s[3] = now
+            self.estimate[url] = max(s[0], min(s[1] / max(s[3] - s[2], MIN_SECONDS), MAX_RATE))
+
+    def new_epoch(self, epoch: int, live_urls: set[str]) -> bool:
+        """A new version: freeze the estimates for the layout; True if they changed."""
+        if epoch == self.epoch:
+            return False
+        self.epoch = epoch
+        self._seen.clear()
+        self.estimate = {u: e for u, e in self.estimate.items() if u in live_urls}
+        changed = self.placed != self.estimate
+        self.placed = dict(self.estimate)
+        return changed
+
+
+def max_children(fanout: int) -> int:
+    return 8 * fanout  # bounds how many peers one departure re-parents
+
+
+def _rate_target(members: list[list[float]], n: int, origin_per_tree: float | None, cap: int) -> float:
+    """The largest per-child rate r with room for all n peers in every tree (bisection in log space)."""
+
+    def fits(r: float) -> bool:
+        for ups in members:
+            slots = max(1, int(origin_per_tree // r)) if origin_per_tree else 1
+            slots += sum(min(int(u // r), cap) for u in ups)
+            if slots < n:
+                return False
+        return True
+
+    lo, hi = 1e3, MAX_RATE
+    if not fits(lo):
+        return lo
+    for _ in range(50):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_uplink: float | None):
+    """-> (group per peer_id, parents per tree, children per tree). `cands` in join order."""
+    cap = max_children(fanout)
+    measured = sorted((c for c in cands if c.capable and c.uplink), key=lambda c: -c.uplink)
+    load = [0.0] * trees
+    group: dict[str, int | None] = {c.peer_id: None for c in cands}
+    for c in measured:  # greedy: the fastest first, each to the tree with the least uplink so far
+        t = load.index(min(load))
+        group[c.peer_id] = t
+        load[t] += c.uplink
+    per_tree = [[c.uplink for c in measured if group[c.peer_id] == t] for t in range(trees)]
+    origin_per_tree = origin_uplink / trees if origin_uplink else None
+    r = _rate_target(per_tree, len(cands), origin_per_tree, cap)
+    slots = {c.peer_id: min(int(c.uplink // r), cap) for c in measured}
+    for c in measured:
+        if slots[c.peer_id] == 0:
+            group[c.peer_id] = None  # too slow to give even one child the target rate: a leaf everywhere
+    newcomers = [c for c in cands if c.capable and not c.uplink and c.group is not None]
+    for c in newcomers:
+        group[c.peer_id] = c.group
+        slots[c.peer_id] = fanout
+    origin_slots = max(1, int(origin_per_tree // r)) if origin_per_tree else 1
+    parents: list[dict[str, str | None]] = []
+    children: list[dict[str | None, list[str]]] = []
+    for t in range(trees):
+        inner = [c.peer_id for c in measured if group[c.peer_id] == t] + [
+            c.peer_id for c in newcomers if group[c.peer_id] == t]
+        par, kids = _one_tree(inner, [c.peer_id for c in cands], slots, origin_slots)
+        parents.append(par)
+        children.append(kids)
+    return group, parents, children
+
+
+def _one_tree(inner: list[str], everyone: list[str], slots: dict[str, int], origin_slots: int):
+    """Breadth first from the origin: interior peers in the order given (fastest first), then the rest."""
+    par: dict[str, str | None] = {}
+    kids: dict[str | None, list[str]] = collections.defaultdict(list)
+    free: collections.deque[list] = collections.deque([[None, origin_slots]])
+    n_inner = len(inner)
+    for j, pid in enumerate([*inner, *everyone]):
+        if pid in par:
+            continue
+        while free and free[0][1] == 0:
+            free.popleft()
+        parent = free[0][0] if free else None  # no room left: the origin takes it
+        if free:
+            free[0][1] -= 1
+        par[pid] = parent
+        kids[parent].append(pid)
+        if j < n_inner:  # an interior peer opens its own places for those after it
+            free.append([pid, slots[pid]])
+    return par, dict(kids)

@@ -1,0 +1,116 @@
+"""Bandwidth-aware placement: uplinks credited only as far as children's reports prove, layout by them."""
+
+from __future__ import annotations
+
+from broadcast.messages import Join, PeerHeartbeat, Received
+from broadcast.placement import Candidate, UploadMeter, max_children, measured_layout
+from broadcast.receive_meter import ReceiveMeter
+from broadcast.tracker import Tracker
+
+Mbit = 1e6 / 8
+
+
+def _walk_ok(parents: dict, pid: str) -> int:
+    seen, cur, depth = set(), pid, 0
+    while cur is not None:
+        assert cur not in seen
+        seen.add(cur)
+        cur = parents[cur]
+        depth += 1
+    return depth
+
+
+def test_layout_gives_children_by_uplink_and_slow_relays_are_leaves():
+    ups = [1000, 500, 200, 100, 50, 20, 10, 5] * 25  # Mbit/s, 200 peers
+    cands = [Candidate(f"p{i}", f"http://h{i}:1", True, i % 4, u * Mbit) for i, u in enumerate(ups)]
+    group, parents, children = measured_layout(cands, 4, 4, 1000 * Mbit)
+    up = {c.peer_id: c.uplink for c in cands}
+    rates = []
+    for t in range(4):
+        assert set(parents[t]) == set(up)
+        depth = {pid: _walk_ok(parents[t], pid) for pid in up}
+        for node, kids in children[t].items():
+            if node is None:
+                continue
+            assert group[node] == t and len(kids) <= max_children(4)
+            rates.append(up[node] / len(kids))
+        fast = [depth[p] for p in up if up[p] >= 500 * Mbit and group[p] == t]
+        slow = [depth[p] for p in up if up[p] <= 50 * Mbit and group[p] == t]
+        assert not slow or max(fast) <= min(slow)  # the fastest sit nearest the origin
+    assert max(rates) / min(rates) < 2.5  # every child gets about the same share of its parent
+    assert all(group[f"p{i}"] is None for i, u in enumerate(ups) if u == 5)  # too slow for one child
+    # the slowest relay interior anywhere still gives each child the rate every tree runs at
+    assert min(rates) > 5 * Mbit
+
+
+def test_meter_credits_only_what_reports_prove():
+    m = UploadMeter()
+    # four children served at once, 2 s each at a quarter of 100 Mbit/s: the uplink is 100 Mbit/s
+    for _ in range(4):
+        m.note({"http://a:1": Received(int(25 * Mbit * 2), 2.0)}, now=10.0)
+    assert 95 * Mbit < m.estimate["http://a:1"] <= 101 * Mbit
+    # tiny or instant reports say nothing about bandwidth
+    m.note({"http://b:1": Received(1000, 0.001)}, now=10.0)
+    assert "http://b:1" not in m.estimate
+    assert m.new_epoch(1, {"http://a:1"}) and m.placed == m.estimate
+    assert not m.new_epoch(1, {"http://a:1"})
+
+
+def test_receive_meter_counts_overlap_once_and_never_a_piece_in_flight():
+    now = [0.0]
+    rm = ReceiveMeter(clock=lambda: now[0])
+    rm.begin("u")
+    rm.begin("u")
+    now[0] = 1.0
+    rm.end("u")
+    rm.credit("u", 1000)
+    rm.begin("u")
+    now[0] = 2.0
+    rm.end("u")
+    rm.credit("u", 1000)
+    now[0] = 5.0  # the third stream is still open: its 3 s are not reported yet
+    got = rm.take()["u"]
+    assert got.bytes == 2000 and abs(got.seconds - 2.0) < 1e-9
+    now[0] = 6.0
+    rm.end("u")
+    rm.credit("u", 500)
+    got = rm.take()["u"]
+    assert got.bytes == 500 and abs(got.seconds - 4.0) < 1e-9
+
+
+def test_tracker_lays_out_by_measured_uplink_from_the_next_version():
+    tr = Tracker("http://o:1", trees=2, fanout=2)
+    joined = [tr.join(Join(f"http://h{i}:1", True, f"p{i}"), key=f"k{i}") for i in range(12)]
+    tr.set_trusted("k5")  # the reporter below: only peers with standing are believed
+    for j in joined:
+        tr.heartbeat(PeerHeartbeat(j.peer_id, j.token), latest=1)
+    _, before = tr.topology()
+    assert all(len(k) <= 2 for kids in before for k in kids.values() if k)
+    # children report: h0 sent fast, h1 slowly, the rest moderately
+    ups = {0: 400, 1: 2} | {i: 40 for i in range(2, 12)}
+    j0 = joined[5]
+    rec = {f"http://h{i}:1": Received(int(u * Mbit * 2), 2.0) for i, u in ups.items()}
+    rec["http://o:1"] = Received(int(200 * Mbit * 2), 2.0)
+    tr.heartbeat(PeerHeartbeat(j0.peer_id, j0.token, recent=rec), latest=1)
+    assert tr.topology()[1] == before  # nothing moves while a version is in flight
+    tr.heartbeat(PeerHeartbeat(j0.peer_id, j0.token), latest=2)
+    parents, children = tr.topology()
+    slow, fast = joined[1].peer_id, joined[0].peer_id
+    assert tr.peers[slow].group is None  # too slow to relay: a leaf everywhere
+    g = tr.peers[fast].group
+    assert parents[g][fast] is None and len(children[g][fast]) > 2  # at the top, with more than fanout
+    for t in range(2):
+        assert set(parents[t]) == set(tr.peers)
+        for pid in tr.peers:
+            _walk_ok(parents[t], pid)
+
+
+def test_a_fresh_key_cannot_place_itself_by_reporting_uplinks():
+    """Uplink reports from a key without standing are ignored: it cannot vouch for its own relays."""
+    tr = Tracker("http://o:1", trees=2, fanout=2)
+    joined = [tr.join(Join(f"http://h{i}:1", True, f"p{i}"), key=f"k{i}") for i in range(6)]
+    liar = joined[5]
+    rec = {"http://h4:1": Received(int(1000 * Mbit * 2), 2.0)}
+    tr.heartbeat(PeerHeartbeat(liar.peer_id, liar.token, recent=rec), latest=1)
+    tr.heartbeat(PeerHeartbeat(liar.peer_id, liar.token), latest=2)
+    assert not tr.uploads.placed
