@@ -68,8 +68,14 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, model, optimizer) -> TrainerState:
+    """Restore `model` and `optimizer` from a checkpoint of this module's or, written by a sharded
+    trainer, of trainer/dist_checkpoint.py's (whatever its number of ranks)."""
     from safetensors.torch import load_file
 
+    from trainer.dist_checkpoint import is_sharded_checkpoint, load_sharded_checkpoint
+
+    if is_sharded_checkpoint(path):
+        return load_sharded_checkpoint(path, model, optimizer)
     weights = {}
     for f in sorted(path.glob("*.safetensors")):
         weights.update(load_file(f))

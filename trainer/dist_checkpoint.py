@@ -1,0 +1,103 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP): every rank writes its own shards of the
+model and optimizer; rank 0 writes the run's state beside them (state.json, the TrainerState of
+trainer/checkpoint.py, its RNG, and the model's signature). Any number of ranks, or an unsharded model in
+one process, can load one: DCP reshards on load. The directory is made whole or not at all by the caller
+(swarm_common.atomic.building_dir), as today's checkpoints are.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import msgspec
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from trainer.checkpoint import TrainerState
+
+
+class IncompatibleCheckpoint(ValueError):
+    pass
+
+
+class ModelSignature(msgspec.Struct):
+    model_type: str
+    shapes: dict[str, list[int]]  # every state_dict entry's full shape
+
+
+def model_signature(model) -> ModelSignature:
+    return ModelSignature(model.config.model_type, {k: list(v.shape) for k, v in model.state_dict().items()})
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    return (Path(path) / ".metadata").exists()
+
+
+def check_compatible(path: Path, model) -> None:
+    """Refuse, before any rank reads a shard, a checkpoint written for another model."""
+    try:
+        theirs = msgspec.json.decode((path / "model.json").read_bytes(), type=ModelSignature)
+    except (OSError, msgspec.DecodeError) as e:
+        raise IncompatibleCheckpoint(f"{path}: no readable model.json, not a sharded trainer checkpoint ({e})") from None
+    ours = model_signature(model)
+    if theirs == ours:
+        return
+    problems = [f"model type {theirs.model_type} here {ours.model_type}"] if theirs.model_type != ours.model_type else []
+    problems += [f"{k} missing" for k in ours.shapes if k not in theirs.shapes]
+    problems += [f"{k} unexpected" for k in theirs.shapes if k not in ours.shapes]
+    problems += [f"{k} {theirs.shapes[k]} here {s}" for k, s in ours.shapes.items()
+                 if k in theirs.shapes and theirs.shapes[k] != s]
+    raise IncompatibleCheckpoint(f"checkpoint {path} was written for another model ({len(problems)} differences: "
+                                 f"{'; '.join(problems[:5])})")
+
+
+def _states(model, optimizer) -> dict:
+    msd, osd = get_state_dict(model, optimizer)
+    return {"model": msd, "optim": osd}
+
+
+@contextmanager
+def _one_process_quietly() -> Iterator[None]:
+    """DCP warns on every use without a process group, which is how one process loads on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def save_shards(path: Path, model, optimizer, group=None) -> None:
+    """Collective: every rank writes its shards of the model and optimizer into `path`."""
+    with _one_process_quietly():
+        dcp.save(_states(model, optimizer), checkpoint_id=str(path), process_group=group,
+                 no_dist=not dist.is_initialized())
+
+
+def load_shards(path: Path, model, optimizer, group=None) -> None:
+    """Collective: every rank reads its shards (whatever the number of ranks that wrote them)."""
+    states = _states(model, optimizer)
+    with _one_process_quietly():
+        dcp.load(states, checkpoint_id=str(path), process_group=group, no_dist=not dist.is_initialized())
+    set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optim"])
+
+
+def write_state(path: Path, model, state: TrainerState) -> None:
+    """Rank 0: what makes the shards a checkpoint of this run."""
+    (path / "model.json").write_bytes(msgspec.json.encode(model_signature(model)))
+    torch.save({"torch_rng": torch.get_rng_state()}, path / "rng.pt")
+    (path / "state.json").write_bytes(msgspec.json.encode(state))
+
+
+def read_state(path: Path) -> TrainerState:
+    torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch_rng"])
+    return msgspec.json.decode((path / "state.json").read_bytes(), type=TrainerState)
+
+
+def load_sharded_checkpoint(path: Path, model, optimizer) -> TrainerState:
+    """An unsharded model and its optimizer, in one process, from a sharded checkpoint."""
+    check_compatible(path, model)
+    load_shards(path, model, optimizer)
+    return read_state(path)
