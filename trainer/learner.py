@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import msgspec
 import torch
 
 from rewards.base import Task, TaskItem
 from trainer.grpo import LossConfig, group_advantages, grpo_loss, has_signal
-from trainer.intake import Group
 from trainer.policy import completion_logprobs, encode_prompt, greedy_complete, pack_groups
+
+if TYPE_CHECKING:  # only a type here: the learner (and bench/trainer.py) need none of the node protocol
+    from trainer.intake import Group
 
 
 def make_adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
