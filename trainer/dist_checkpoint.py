@@ -16,7 +16,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from trainer.checkpoint import TrainerState
 
@@ -101,3 +101,42 @@ def load_sharded_checkpoint(path: Path, model, optimizer) -> TrainerState:
     check_compatible(path, model)
     load_shards(path, model, optimizer)
     return read_state(path)
+
+
+def check_unsharded_compatible(path: Path, model) -> None:
+    """Refuse an unsharded checkpoint (trainer/checkpoint.py's) of another model, from its files' headers."""
+    from safetensors import safe_open
+
+    theirs: dict[str, list[int]] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(f, "pt") as st:
+            theirs.update({k: list(st.get_slice(k).get_shape()) for k in st.keys()})  # noqa: SIM118
+    ours = model_signature(model).shapes
+    tied = {k for k in ours if "lm_head" in k} if getattr(model.config, "tie_word_embeddings", False) else set()
+    problems = [f"{k} missing" for k in ours if k not in theirs and k not in tied]
+    problems += [f"{k} unexpected" for k in theirs if k not in ours]
+    problems += [f"{k} {s} here {ours[k]}" for k, s in theirs.items() if k in ours and ours[k] != s]
+    if not theirs or problems or not (path / "optimizer.pt").exists():
+        raise IncompatibleCheckpoint(f"checkpoint {path} is not one of this model's ({len(problems)} differences: "
+                                     f"{'; '.join(problems[:5]) or 'no weights or no optimizer.pt'})")
+
+
+def load_unsharded(path: Path, model, optimizer) -> None:
+    """An unsharded run's checkpoint into a sharded model (collective): every rank reads the whole files
+    and keeps its shards. The unsharded optimizer numbers its parameters in model.parameters() order."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        weights.update(load_file(f))
+    names = [n for n, _ in model.named_parameters()]
+    osd = torch.load(path / "optimizer.pt", weights_only=False)["optimizer"]
+    by_name = {"state": {names[i]: s for i, s in osd["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}
+    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=by_name,
+                   options=StateDictOptions(full_state_dict=True, strict=False))  # a tied LM head is saved once
+
+
+def read_unsharded_state(path: Path) -> TrainerState:
+    torch.set_rng_state(torch.load(path / "optimizer.pt", weights_only=False)["torch_rng"])
+    return msgspec.json.decode((path / "state.json").read_bytes(), type=TrainerState)

@@ -30,7 +30,17 @@ from torch.distributed.tensor import DTensor
 from swarm_common.atomic import building_dir
 from trainer.checkpoint import TrainerState, checkpoint_dir
 from trainer.config import RunConfig
-from trainer.dist_checkpoint import check_compatible, load_shards, read_state, save_shards, write_state
+from trainer.dist_checkpoint import (
+    check_compatible,
+    check_unsharded_compatible,
+    is_sharded_checkpoint,
+    load_shards,
+    load_unsharded,
+    read_state,
+    read_unsharded_state,
+    save_shards,
+    write_state,
+)
 from trainer.distributed import DistEnv, Driver, all_sum, collective, receive
 from trainer.grpo import LossConfig
 from trainer.learner import TrainGroup, add_into, backward, make_adamw, means, micro_batches, prepare
@@ -134,11 +144,13 @@ class DistLearner:
         return final
 
     def load(self, path: str | Path) -> TrainerState:
-        """Resume from a sharded checkpoint written with any number of ranks."""
+        """Resume from a checkpoint: a sharded one written with any number of ranks, or an unsharded
+        run's (trainer/checkpoint.py)."""
         path = Path(path)
-        check_compatible(path, self.model)  # before any rank reads a shard
+        sharded = is_sharded_checkpoint(path)
+        (check_compatible if sharded else check_unsharded_compatible)(path, self.model)  # before any rank reads
         self._drive(Load(str(path)), "loading a checkpoint")
-        return read_state(path)
+        return read_state(path) if sharded else read_unsharded_state(path)
 
     def close(self) -> None:
         if self.driver is not None:
@@ -171,7 +183,10 @@ class DistLearner:
         if isinstance(cmd, Save):
             return save_shards(Path(cmd.path), self.model, self.opt, self.env.channel)
         if isinstance(cmd, Load):
-            return load_shards(Path(cmd.path), self.model, self.opt, self.env.channel)
+            path = Path(cmd.path)
+            if is_sharded_checkpoint(path):
+                return load_shards(path, self.model, self.opt, self.env.channel)
+            return load_unsharded(path, self.model, self.opt)
         if not isinstance(cmd, Ping):
             raise ValueError(f"unexpected command {type(cmd).__name__}")
 

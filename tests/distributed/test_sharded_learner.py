@@ -80,7 +80,15 @@ def test_checkpoint_at_two_ranks_resumes_at_one(two_ranks, model_dir, tmp_path):
     assert abs(st["loss"] - st2["loss"]) < 1e-5 and st["tokens"] == st2["tokens"]
 
 
+def test_an_unsharded_checkpoint_resumes_at_two_ranks(two_ranks):
+    r = json.loads((two_ranks / "result.json").read_text())
+    print(f"\nstep 2 from the one-process learner's checkpoint, at 2 ranks vs at 1: max |dw| {r['plain_to_two']:.3g}")
+    assert r["plain_to_two"] < 1e-5
+
+
 def test_a_checkpoint_of_another_model_is_refused(two_ranks, tmp_path):
+    refused = json.loads((two_ranks / "result.json").read_text())["refused"]
+    assert "is not one of this model's" in refused and "no optimizer.pt" in refused
     other = load_model(build_default_model(tmp_path / "wide", hidden_size=64, intermediate_size=128))
     opt = torch.optim.AdamW(other.parameters())
     with pytest.raises(IncompatibleCheckpoint, match="written for another model"):

@@ -19,7 +19,8 @@ import torch
 from safetensors.torch import save_file
 
 from tests.distributed.ranks import batch, run_config
-from trainer.checkpoint import TrainerState
+from trainer.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
+from trainer.dist_checkpoint import IncompatibleCheckpoint
 from trainer.dist_learner import follow_main, open_driver, start_learner
 from trainer.distributed import RankLost, init_distributed, shutdown
 from trainer.learner import Learner
@@ -56,8 +57,21 @@ def equivalence(learner, model_dir: Path, out: Path) -> None:
     st2 = learner.step(batch(2, vocab))
     after = learner.full_state()
     save_file({k: v.clone() for k, v in after.items()}, out / "after2.safetensors")
+    # The one-process learner's own checkpoint after step 1, resumed at 2 ranks: both take step 2.
+    save_checkpoint(out / "plain-run", plain, one.opt, state)
+    assert learner.load(latest_checkpoint(out / "plain-run")) == state
+    learner.step(batch(2, vocab))
+    one.step(batch(2, vocab))
+    full, ref = learner.full_state(), frozen_state(plain)
+    plain_to_two = max((full[k] - ref[k]).abs().max().item() for k in ref)
+    try:  # a directory that is no checkpoint of this model: refused on rank 0, the ranks carry on
+        learner.load(model_dir)
+        refused = ""
+    except IncompatibleCheckpoint as e:
+        refused = str(e)
+    learner.full_state()
     (out / "result.json").write_text(json.dumps({"max_abs_diff": diff, "floor": floor, "stats_two": st_two, "stats_one": st_one,
-                                                 "stats_two_step2": st2, "checkpoint": str(ckpt),
+                                                 "stats_two_step2": st2, "plain_to_two": plain_to_two, "refused": refused, "checkpoint": str(ckpt),
                                                  "step_s": secs}))
 
 
