@@ -77,7 +77,8 @@ def make_batch(name: str, vocab: int, seed: int = 0) -> list:
     for _ in range(groups):
         samples = [types.SimpleNamespace(token_ids=[rng.randrange(3, vocab) for _ in range(lc)],
                                          logprobs=[-10.0] * lc) for _ in range(g)]
-        out.append(types.SimpleNamespace(prompt_ids=[rng.randrange(3, vocab) for _ in range(lp)], samples=samples,
+        prompt = [rng.randrange(3, vocab) for _ in range(lp)]
+        out.append(types.SimpleNamespace(prompt_ids=prompt, samples=samples,
                                          rewards=[float(i % 2) for i in range(g)]))
     return out
 
@@ -141,7 +142,8 @@ def worker(args) -> None:
     else:
         from trainer.learner import Learner
 
-        learner = Learner(model, types.SimpleNamespace(pad_token_id=0), 1e-6, 0.0, 1.0, loss, micro_batch=micro)
+        tok = types.SimpleNamespace(pad_token_id=0)
+        learner = Learner(model, tok, 1e-6, 0.0, 1.0, loss, micro_batch=micro)
     times = []
     if rank == 0:
         for i in range(args.steps + 1):
@@ -163,7 +165,8 @@ def worker(args) -> None:
         return
     tokens = sum(len(g.prompt_ids) + sum(len(s.token_ids) for s in g.samples) for g in batch)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else next((v for k, v in PEAKS.items() if k in dev_name), None)
+    peak = next((v for k, v in PEAKS.items() if k in dev_name), None)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else peak
     step_s = statistics.median(times)
     flops = step_flops(cfg, batch, layer_params)
     row = {"model": name, "mode": mode, "ranks": world, "threads": args.threads, "micro_batch": micro,
@@ -190,7 +193,8 @@ def spawn(args, model: str, mode: str, ranks: int, out: Path) -> bool:
     if args.micro_batch:
         cmd += ["--micro-batch", str(args.micro_batch)]
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
     procs = []
     for r in range(ranks if mode == "fsdp" else 1):
         e = dict(env)
@@ -229,7 +233,8 @@ def report(out: Path, json_path: str | None) -> list[dict]:
               f"{r['achieved_tflops']:>8.3g} {mfu:>6}")
     devices = sorted({r["device"] for r in rows})
     peaks = sorted({r["peak_tflops_per_device"] for r in rows if r["peak_tflops_per_device"]})
-    print(f"device: {', '.join(devices)}; MFU against a dense bf16 peak of {peaks or 'n/a'} TFLOP/s per device; "
+    print(f"device: {', '.join(devices)}; MFU against a dense bf16 peak of {peaks or 'n/a'} TFLOP/s "
+          "per device; "
           "'vs plain': the plain learner's step time over this one's (above 1: faster)")
     if json_path:
         Path(json_path).write_text(json.dumps({"rows": rows}, indent=1))
@@ -239,12 +244,15 @@ def report(out: Path, json_path: str | None) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the tiny model only, 2 measured steps")
-    p.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2, qwen1.5b, qwen-mini")
-    p.add_argument("--ranks", default="1,2", help="sharded learner rank counts to run (the plain one always runs)")
+    p.add_argument("--models", default="tiny,smollm2",
+                   help="comma-separated: tiny, smollm2, qwen1.5b, qwen-mini")
+    p.add_argument("--ranks", default="1,2",
+                   help="sharded learner rank counts to run (the plain one always runs)")
     p.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up step)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / ranks)")
     p.add_argument("--micro-batch", type=int, default=0, help="samples per micro-batch (default: per model)")
-    p.add_argument("--smollm2-dir", default="runs/models/smollm2", help="converted by `swarm model smollm2 DIR`")
+    p.add_argument("--smollm2-dir", default="runs/models/smollm2",
+                   help="converted by `swarm model smollm2 DIR`")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="the device's dense bf16 peak, for MFU")
     p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds")
     p.add_argument("--json", help="write the figures to this file")

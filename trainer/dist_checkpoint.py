@@ -43,17 +43,20 @@ def check_compatible(path: Path, model) -> None:
     try:
         theirs = msgspec.json.decode((path / "model.json").read_bytes(), type=ModelSignature)
     except (OSError, msgspec.DecodeError) as e:
-        raise IncompatibleCheckpoint(f"{path}: no readable model.json, not a sharded trainer checkpoint ({e})") from None
+        raise IncompatibleCheckpoint(f"{path}: no readable model.json, not a sharded trainer checkpoint ({e})"
+                                     ) from None
     ours = model_signature(model)
     if theirs == ours:
         return
-    problems = [f"model type {theirs.model_type} here {ours.model_type}"] if theirs.model_type != ours.model_type else []
+    problems = []
+    if theirs.model_type != ours.model_type:
+        problems.append(f"model type {theirs.model_type} here {ours.model_type}")
     problems += [f"{k} missing" for k in ours.shapes if k not in theirs.shapes]
     problems += [f"{k} unexpected" for k in theirs.shapes if k not in ours.shapes]
     problems += [f"{k} {theirs.shapes[k]} here {s}" for k, s in ours.shapes.items()
                  if k in theirs.shapes and theirs.shapes[k] != s]
-    raise IncompatibleCheckpoint(f"checkpoint {path} was written for another model ({len(problems)} differences: "
-                                 f"{'; '.join(problems[:5])})")
+    raise IncompatibleCheckpoint(f"checkpoint {path} was written for another model ({len(problems)} "
+                                 f"differences: {'; '.join(problems[:5])})")
 
 
 def _states(model, optimizer) -> dict:
@@ -112,13 +115,16 @@ def check_unsharded_compatible(path: Path, model) -> None:
         with safe_open(f, "pt") as st:
             theirs.update({k: list(st.get_slice(k).get_shape()) for k in st.keys()})  # noqa: SIM118
     ours = model_signature(model).shapes
-    tied = {k for k in ours if "lm_head" in k} if getattr(model.config, "tie_word_embeddings", False) else set()
+    tied = set()
+    if getattr(model.config, "tie_word_embeddings", False):
+        tied = {k for k in ours if "lm_head" in k}
     problems = [f"{k} missing" for k in ours if k not in theirs and k not in tied]
     problems += [f"{k} unexpected" for k in theirs if k not in ours]
     problems += [f"{k} {s} here {ours[k]}" for k, s in theirs.items() if k in ours and ours[k] != s]
     if not theirs or problems or not (path / "optimizer.pt").exists():
-        raise IncompatibleCheckpoint(f"checkpoint {path} is not one of this model's ({len(problems)} differences: "
-                                     f"{'; '.join(problems[:5]) or 'no weights or no optimizer.pt'})")
+        what = "; ".join(problems[:5]) or "no weights or no optimizer.pt"
+        raise IncompatibleCheckpoint(f"checkpoint {path} is not one of this model's ({len(problems)} "
+                                     f"differences: {what})")
 
 
 def load_unsharded(path: Path, model, optimizer) -> None:
@@ -131,10 +137,11 @@ def load_unsharded(path: Path, model, optimizer) -> None:
         weights.update(load_file(f))
     names = [n for n, _ in model.named_parameters()]
     osd = torch.load(path / "optimizer.pt", weights_only=False)["optimizer"]
-    by_name = {"state": {names[i]: s for i, s in osd["state"].items()},
-               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]
+    by_name = {"state": {names[i]: s for i, s in osd["state"].items()}, "param_groups": groups}
+    # strict=False: a tied LM head is saved once, under the embedding's name.
     set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=by_name,
-                   options=StateDictOptions(full_state_dict=True, strict=False))  # a tied LM head is saved once
+                   options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 def read_unsharded_state(path: Path) -> TrainerState:

@@ -129,7 +129,8 @@ class DistLearner:
     def full_state(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The full weights on rank 0, as trainer/policy.py's frozen_state(model, dtype) gives them: what
         Publisher.publish(model, version, state) and the auditor take."""
-        return self._drive(Gather(str(dtype).removeprefix("torch.") if dtype is not None else ""), "gathering weights")
+        name = str(dtype).removeprefix("torch.") if dtype is not None else ""
+        return self._drive(Gather(name), "gathering weights")
 
     def save(self, run_dir: str | Path, state: TrainerState, keep: int = 2) -> Path:
         """A sharded checkpoint RUN/checkpoints/step-NNNNNN, whole or not at all; the `keep` newest stay."""
@@ -148,7 +149,8 @@ class DistLearner:
         run's (trainer/checkpoint.py)."""
         path = Path(path)
         sharded = is_sharded_checkpoint(path)
-        (check_compatible if sharded else check_unsharded_compatible)(path, self.model)  # before any rank reads
+        # Refused here, before any rank reads a shard.
+        (check_compatible if sharded else check_unsharded_compatible)(path, self.model)
         self._drive(Load(str(path)), "loading a checkpoint")
         return read_state(path) if sharded else read_unsharded_state(path)
 
@@ -194,13 +196,12 @@ class DistLearner:
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
+        args = (self.pad_id, self.temperature, self.loss_cfg)
         for mb in cmd.plan[self.env.rank]:
             if mb:
-                add_into(sums, backward(self.model, self.ref, mb, self.pad_id, self.temperature, self.loss_cfg,
-                                        cmd.total_tokens, min_len=2))
+                add_into(sums, backward(self.model, self.ref, mb, *args, cmd.total_tokens, min_len=2))
             else:  # the same passes, weighted zero
-                idle = backward(self.model, self.ref, self._idle, self.pad_id, self.temperature, self.loss_cfg,
-                                math.inf, min_len=2)
+                idle = backward(self.model, self.ref, self._idle, *args, math.inf, min_len=2)
                 add_into(sums, dict.fromkeys(idle, 0.0))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         if isinstance(grad_norm, DTensor):
@@ -208,10 +209,12 @@ class DistLearner:
         self.opt.step()
         self.model.eval()
         keys = sorted(sums)
-        return dict(zip(keys, all_sum([sums[k] for k in keys], self.env.channel), strict=True)), float(grad_norm)
+        totals = all_sum([sums[k] for k in keys], self.env.channel)
+        return dict(zip(keys, totals, strict=True)), float(grad_norm)
 
 
-def make_dist_learner(cfg: RunConfig, env: DistEnv, model, pad_id: int, driver: Driver | None = None) -> DistLearner:
+def make_dist_learner(cfg: RunConfig, env: DistEnv, model, pad_id: int,
+                      driver: Driver | None = None) -> DistLearner:
     """trainer/run.py's make_learner, sharded."""
     t = cfg.train
     return DistLearner(model, pad_id, env, t.lr, t.weight_decay, t.grad_clip,

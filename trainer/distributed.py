@@ -47,7 +47,8 @@ def in_torchrun() -> bool:
 def _env_int(name: str) -> int:
     value = os.environ.get(name)
     if value is None:
-        raise RuntimeError(f"{name} is not set: start the sharded trainer with torchrun (or `swarm train --nproc N`)")
+        raise RuntimeError(f"{name} is not set: start the sharded trainer with torchrun "
+                           "(or `swarm train --nproc N`)")
     return int(value)
 
 
@@ -83,7 +84,8 @@ def init_distributed(timeout_s: float = 300.0) -> DistEnv:
     cuda = torch.cuda.is_available() and os.environ.get("SWARM_DIST_DEVICE", "") != "cpu"
     if cuda:
         if local >= torch.cuda.device_count():
-            raise RuntimeError(f"local rank {local} has no GPU: this machine has {torch.cuda.device_count()}; "
+            raise RuntimeError(f"local rank {local} has no GPU: this machine has "
+                               f"{torch.cuda.device_count()}; "
                                "start at most that many ranks per machine")
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
@@ -186,7 +188,8 @@ class Driver:
         period = self.env.timeout_s / 4
         while not self._closed.wait(period / 4):
             with self._lock:
-                if self._closed.is_set() or self._failure is not None or time.monotonic() - self._last < period:
+                idle = time.monotonic() - self._last >= period
+                if self._closed.is_set() or self._failure is not None or not idle:
                     continue
                 try:
                     with collective("keep-alive ping", self.env.timeout_s):

@@ -42,6 +42,7 @@ def torchrun_argv(nproc: int, target: list[str]) -> list[str]:
 def launch_train(nproc: int, argv: list[str]) -> None:
     """Replace this process by torchrun running `swarm` with `argv` (sys.argv[1:], --nproc dropped)."""
     if in_torchrun():
-        raise RuntimeError("already running under torchrun: drop --nproc (torchrun's --nproc-per-node says it)")
+        raise RuntimeError("already running under torchrun: drop --nproc "
+                           "(torchrun's --nproc-per-node says it)")
     cmd = torchrun_argv(nproc, ["-m", "swarm", *strip_nproc(argv)])
     os.execv(cmd[0], cmd)

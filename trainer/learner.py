@@ -48,7 +48,8 @@ def prepare(groups: list[Group], scale_adv_by_std: bool) -> tuple[list[TrainGrou
                        [float(a) for a in adv[i, : len(g.samples)]])
             for i, g in enumerate(groups) if has_signal(g.rewards)]
     total_tokens = float(sum(len(s.token_ids) for g in groups for s in g.samples))
-    return work, total_tokens, {"zero_adv_groups": float(len(groups) - len(work)), "groups": float(len(groups))}
+    stats = {"zero_adv_groups": float(len(groups) - len(work)), "groups": float(len(groups))}
+    return work, total_tokens, stats
 
 
 def micro_batches(work: list[TrainGroup], micro_batch: int) -> list[list[TrainGroup]]:

@@ -21,8 +21,8 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     """The transformer blocks of an HF causal LM (Llama, Qwen2, Mistral, ...: model.model.layers)."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
-        raise ValueError(f"{type(model).__name__} has no model.layers: the sharded trainer shards HF decoder-only "
-                         "models by their decoder layers")
+        raise ValueError(f"{type(model).__name__} has no model.layers: the sharded trainer shards HF "
+                         "decoder-only models by their decoder layers")
     return list(layers)
 
 
@@ -51,7 +51,9 @@ def make_mesh(env: DistEnv) -> DeviceMesh:
 def shard(model, mesh: DeviceMesh, bf16: bool):
     """fully_shard each decoder layer, then the root; gradients are summed over the ranks, not averaged
     (each rank's loss is already divided by the whole batch's token count)."""
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    mp = MixedPrecisionPolicy()
+    if bf16:
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)

@@ -30,7 +30,8 @@ def batch(seed: int, vocab: int, n: int = 6, g: int = 4) -> list:
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 9))]
         lens = [1] * g if i == 1 else [rng.randint(1, 7) for _ in range(g)]
         samples = [types.SimpleNamespace(token_ids=[rng.randrange(3, vocab) for _ in range(k)],
-                                         logprobs=[-5.5 + rng.uniform(-0.3, 0.3) for _ in range(k)]) for k in lens]
+                                         logprobs=[-5.5 + rng.uniform(-0.3, 0.3) for _ in range(k)])
+                   for k in lens]
         rewards = [float(rng.random() < 0.5) for _ in range(g)]
         if len(set(rewards)) == 1:
             rewards[0] = 1.0 - rewards[0]

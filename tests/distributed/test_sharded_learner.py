@@ -54,7 +54,8 @@ def test_one_step_on_two_ranks_equals_one_step_on_one(two_ranks):
 
 def test_published_version_is_byte_identical_to_one_rank(two_ranks):
     for dtype in ("float32", "bfloat16"):
-        two, one = _files(two_ranks / f"two-{dtype}" / "versions"), _files(two_ranks / f"one-{dtype}" / "versions")
+        two = _files(two_ranks / f"two-{dtype}" / "versions")
+        one = _files(two_ranks / f"one-{dtype}" / "versions")
         assert two.keys() == one.keys() and any(k.endswith(".safetensors") for k in two)
         assert two == one, dtype
 
@@ -82,7 +83,8 @@ def test_checkpoint_at_two_ranks_resumes_at_one(two_ranks, model_dir, tmp_path):
 
 def test_an_unsharded_checkpoint_resumes_at_two_ranks(two_ranks):
     r = json.loads((two_ranks / "result.json").read_text())
-    print(f"\nstep 2 from the one-process learner's checkpoint, at 2 ranks vs at 1: max |dw| {r['plain_to_two']:.3g}")
+    print(f"\nstep 2 from the one-process learner's checkpoint, at 2 ranks vs at 1: max |dw| "
+          f"{r['plain_to_two']:.3g}")
     assert r["plain_to_two"] < 1e-5
 
 

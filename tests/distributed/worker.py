@@ -70,9 +70,11 @@ def equivalence(learner, model_dir: Path, out: Path) -> None:
     except IncompatibleCheckpoint as e:
         refused = str(e)
     learner.full_state()
-    (out / "result.json").write_text(json.dumps({"max_abs_diff": diff, "floor": floor, "stats_two": st_two, "stats_one": st_one,
-                                                 "stats_two_step2": st2, "plain_to_two": plain_to_two, "refused": refused, "checkpoint": str(ckpt),
-                                                 "step_s": secs}))
+    result = {"max_abs_diff": diff, "floor": floor, "stats_two": st_two, "stats_one": st_one,
+              "stats_two_step2": st2, "plain_to_two": plain_to_two, "refused": refused,
+              "checkpoint": str(ckpt),
+              "step_s": secs}
+    (out / "result.json").write_text(json.dumps(result))
 
 
 def idle(learner, model_dir: Path, out: Path) -> None:
