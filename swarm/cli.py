@@ -50,6 +50,10 @@ def _config(args):
 
 
 def cmd_train(args) -> int:
+    if args.nproc:
+        from trainer.launch import launch_train
+
+        launch_train(args.nproc, sys.argv[1:])  # replaces this process by torchrun running N ranks of this
     from trainer.trainer import run_training
 
     cfg = _config(args)
@@ -145,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_flags(p)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its newest complete checkpoint")
+    p.add_argument("--nproc", type=int, default=0, metavar="N",
+                   help="shard the learner over N ranks on this machine (torchrun, FSDP2: one per GPU); rank 0 "
+                   "also serves the nodes. Several machines: see docs/sharded-learner.md")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("node", help="run an inference node", description=(

@@ -68,6 +68,8 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, model, optimizer) -> TrainerState:
+    """Restore `model` and `optimizer` from a checkpoint of this module's (a sharded trainer's is read by
+    trainer/dist_checkpoint.py; Learner.load takes either)."""
     from safetensors.torch import load_file
 
     weights = {}

@@ -79,6 +79,9 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     checkpoint_every: int = 25  # steps between checkpoints (model, optimizer, cursor, RNG); 0 = only at the end
     keep_versions: int = 3
     torch_threads: int = 1
+    # A sharded learner's (swarm train --nproc N) longest wait on a collective before a lost rank stops the
+    # run with a clear error (resume from the last checkpoint).
+    dist_timeout_s: float = 300.0
     seed: int = 0
 
 

@@ -62,9 +62,11 @@ class GroupedBatch:
 
 def pack_groups(
     prompts: list[list[int]], completions: list[list[list[int]]], old_logps: list[list[list[float]]] | None,
-    pad_id: int,
+    pad_id: int, min_len: int = 0,
 ) -> GroupedBatch:
-    """prompts[i] with its completions[i][j] (and their sampling log-probs old_logps[i][j])."""
+    """prompts[i] with its completions[i][j] (and their sampling log-probs old_logps[i][j]), the
+    completions padded to at least `min_len` tokens (a sharded learner needs every micro-batch to make
+    the same passes through the model: two when a completion is longer than one token)."""
     Lp = max(len(p) for p in prompts)
     pids = torch.full((len(prompts), Lp), pad_id, dtype=torch.long)
     pmask = torch.zeros((len(prompts), Lp), dtype=torch.long)
@@ -72,7 +74,7 @@ def pack_groups(
         pids[i, Lp - len(p) :] = torch.tensor(p, dtype=torch.long)
         pmask[i, Lp - len(p) :] = 1
     flat = [(i, j, c) for i, cs in enumerate(completions) for j, c in enumerate(cs)]
-    Lc = max((len(c) for *_, c in flat), default=0)
+    Lc = max([min_len] + [len(c) for *_, c in flat])
     cids = torch.full((len(flat), Lc), pad_id, dtype=torch.long)
     cmask = torch.zeros((len(flat), Lc))
     old = torch.zeros((len(flat), Lc))

@@ -27,8 +27,10 @@ from broadcast.origin import Origin
 from rewards.registry import make_task
 from swarm_common.keys import KeyPair
 from trainer.audit import Auditor
-from trainer.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.checkpoint import TrainerState, latest_checkpoint
 from trainer.config import RunConfig, dump_config
+from trainer.dist_learner import follow_main, open_driver, start_learner
+from trainer.distributed import DistEnv, in_torchrun, init_distributed, shutdown
 from trainer.guard import Guard
 from trainer.http_api import make_app, serve
 from trainer.intake import Group
@@ -37,7 +39,7 @@ from trainer.ledger import Ledger
 from trainer.model_prep import prepare_base_model
 from trainer.node_registry import NodeRegistry
 from trainer.node_service import NodeService
-from trainer.policy import frozen_state, load_model, load_tokenizer
+from trainer.policy import load_model, load_tokenizer
 from trainer.publisher import Publisher
 from trainer.stats import EvalRow, RunStats, SnapshotRow, StepRow
 from trainer.web.view import WebView
@@ -46,8 +48,9 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, web_extra=None):
-        self.cfg, self.web_extra = cfg, web_extra
+    def __init__(self, cfg: RunConfig, web_extra=None, dist: DistEnv | None = None):
+        """`dist`: this is rank 0 of a sharded learner (swarm train --nproc N); the other ranks only learn."""
+        self.cfg, self.web_extra, self.dist = cfg, web_extra, dist
         self.run_dir = Path(cfg.run_dir)
         self.publish_dtype = getattr(torch, cfg.model.publish_dtype)
         self.state: TrainerState | None = None  # what a resumed run starts from
@@ -65,12 +68,18 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.toml").write_text(dump_config(cfg))
 
+        driver = open_driver(self.dist) if self.dist else None  # the other ranks hear from rank 0 from now on
         self.base = await asyncio.to_thread(prepare_base_model, cfg)
         self.model, self.tok = load_model(self.base), load_tokenizer(self.base)
         self.model.eval()
         self.task = make_task(cfg.task.name, **cfg.task.params)
         self.eval_items = self.task.eval_items(cfg.task.eval_size)
-        self.learner = make_learner(cfg, self.model, self.tok)
+        if driver is None:
+            self.learner = make_learner(cfg, self.model, self.tok)
+        else:  # the learner shards its model over the ranks; a plain copy is what is evaluated and audited
+            sharded = load_model(self.base)
+            self.learner = await asyncio.to_thread(start_learner, cfg, driver, self.base, sharded,
+                                                   self.tok.pad_token_id)
         self.publisher = Publisher(self.run_dir, self.base, keep=t.keep_versions,
                                    max_shard_bytes=cfg.model.max_shard_bytes)
         self.registry = NodeRegistry(cfg.server.heartbeat_s, cfg.server.gone_after_s)
@@ -93,7 +102,7 @@ class Trainer:
         self.guard = Guard(self.run_dir, cfg.guard)
         self.auditor = self._make_auditor()
         # What nodes get: the trainer's fp32 weights cast to model.publish_dtype. The audit recomputes with them.
-        weights = frozen_state(self.model, self.publish_dtype)
+        weights = await asyncio.to_thread(self.learner.full_state, self.publish_dtype)
         if self.auditor is not None:
             self.auditor.remember(self.version, weights, keep_from=self.version - t.max_lag)
         path = await asyncio.to_thread(self.publisher.publish, self.model, self.version, weights)
@@ -114,7 +123,7 @@ class Trainer:
         """Load the newest complete checkpoint (with --resume) and cut the ledger back to its step."""
         ckpt = latest_checkpoint(self.run_dir) if resume else None
         if ckpt is not None:
-            st = self.state = load_checkpoint(ckpt, self.model, self.learner.opt)
+            st = self.state = self.learner.load(ckpt)
             self.ledger.truncate_after(st.step)
             self.stats.restore(st)
             log.info("resumed from %s (step %d)", ckpt, st.step)
@@ -181,7 +190,7 @@ class Trainer:
         self.stats.step += 1
         self.version += 1
         self.service.end_step(self.version)  # with work_lag 0, new work waits for this version to be out
-        weights = await asyncio.to_thread(frozen_state, self.model, self.publish_dtype)
+        weights = await asyncio.to_thread(self.learner.full_state, self.publish_dtype)
         if self.auditor is not None:  # before the announcement: a node may answer with it at once
             await asyncio.to_thread(self.auditor.remember, self.version, weights, self.version - self.cfg.train.max_lag)
         await self.published()  # the previous version overlapped this step; it goes out first
@@ -224,6 +233,8 @@ class Trainer:
             await task
 
     async def evaluate(self, step: int) -> None:
+        if self.dist:  # the plain copy gets the sharded learner's current weights
+            self.model.load_state_dict(await asyncio.to_thread(self.learner.full_state, None))
         ev = await asyncio.to_thread(evaluate, self.model, self.tok, self.task, self.eval_items,
                                      self.cfg.train.max_tokens)
         self.stats.record_eval(EvalRow(step, round(self.stats.elapsed(), 2), ev["accuracy"], ev["reward_mean"]))
@@ -236,7 +247,7 @@ class Trainer:
         items_drawn, retry, rng = self.service.state()
         st = TrainerState(s.step, self.version, items_drawn, retry, rng, s.steps, s.evals, s.accepted_groups,
                           s.tokens, dict(s.dropped), dict(s.refused), s.elapsed())
-        path = await asyncio.to_thread(save_checkpoint, self.run_dir, self.model, self.learner.opt, st)
+        path = await asyncio.to_thread(self.learner.save, self.run_dir, st)
         log.info("checkpoint %s", path.name)
 
     async def snapshot(self, version: int, step: int, step_time: float) -> None:
@@ -267,10 +278,26 @@ class Trainer:
         (self.run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
         for stop in (self.service.stop, self.view.stop, self.http.cleanup, self.origin.stop):
             await stop()
+        self.learner.close()
 
 
-async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> RunStats:
-    trainer = Trainer(cfg, web_extra)
+async def run_training(cfg: RunConfig, web_extra=None, resume: bool = False) -> RunStats | None:
+    """The run; under torchrun (swarm train --nproc N) rank 0 runs it and the other ranks only learn."""
+    dist = init_distributed(cfg.train.dist_timeout_s) if in_torchrun() else None
+    if dist is not None and dist.rank > 0:
+        try:
+            follow_main(cfg, dist)
+        finally:
+            shutdown()
+        return None
+    try:
+        return await _run(Trainer(cfg, web_extra, dist), resume)
+    finally:
+        if dist is not None:
+            shutdown()
+
+
+async def _run(trainer: Trainer, resume: bool) -> RunStats:
     await trainer.setup(resume)
     try:
         return await trainer.train()
