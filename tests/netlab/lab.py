@@ -210,6 +210,10 @@ class Lab:
         if r.returncode != 0:
             raise LabError(f"tc tbf on {dev}: {r.stderr.strip()}")
 
+    def own_sent_bytes(self) -> int:
+        """Bytes this (root-namespace) process side sent into the lab through its bridge address."""
+        return int(Path(f"/sys/class/net/{self.bridge}/statistics/tx_bytes").read_text())
+
     # -- processes --------------------------------------------------------------------------------------
     def cmd(self, h: Host | str, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self._host(h).ns, *argv]
