@@ -12,7 +12,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from swarm_common.http import start_site
+from swarm_common.http import read_capped, start_site
 from swarm_common.keys import KeyPair
 
 from .manifest import Manifest, build_manifest, encode_manifest
@@ -235,7 +235,7 @@ class Origin:
             ) as r:
                 if r.status != 200:
                     return "unknown"
-                data = await r.content.read(ref.size + 1)
+                data = await read_capped(r.content, ref.size)
         except (TimeoutError, aiohttp.ClientError, OSError):
             return "dead"
         return "ok" if ref.matches(data) else "corrupt"

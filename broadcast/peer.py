@@ -18,7 +18,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from swarm_common.http import start_site
+from swarm_common.http import read_capped, start_site
 from swarm_common.keys import fingerprint
 
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest
@@ -177,14 +177,14 @@ class Peer:
             headers={"Content-Type": "application/json"},
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as r:
-            return r.status, await r.content.read(1 << 20)
+            return r.status, await read_capped(r.content, 1 << 20)
 
     async def _check_tracker_key(self) -> None:
         assert self._session
         for attempt in range(20):
             try:
                 async with self._session.get(self.tracker_url + "/info", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                    info = msgspec.json.decode(await r.content.read(4096))
+                    info = msgspec.json.decode(await read_capped(r.content, 4096))
                 break
             except (TimeoutError, aiohttp.ClientError, OSError, msgspec.DecodeError) as e:
                 if attempt == 19:
@@ -271,7 +271,7 @@ class Peer:
         ) as r:
             if r.status != 200:
                 raise FetchError(f"tracker /latest answered {r.status}")
-            lat = decode(await r.content.read(1 << 16), Latest)
+            lat = decode(await read_capped(r.content, 1 << 16), Latest)
         return lat.latest
 
     async def _watch_loop(self) -> None:
@@ -331,7 +331,7 @@ class Peer:
                     raise FetchError(f"v{version} is not available from the origin (retired or never published)")
                 if r.status != 200:
                     raise FetchError(f"origin answered {r.status} for the v{version} manifest")
-                data = await r.content.read(MAX_MANIFEST_BYTES + 1)
+                data = await read_capped(r.content, MAX_MANIFEST_BYTES)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise FetchError(f"could not get the v{version} manifest: {e}") from e
         try:
