@@ -201,6 +201,10 @@ class Lab:
             h.down_bits = rate_bits(down)
             self._tbf(["tc"], h.veth, h.down_bits)
 
+    def shape_own(self, up: str | float) -> None:
+        """Shape what this process (in the root namespace) sends into the lab: tbf on the bridge device."""
+        self._tbf(["tc"], self.bridge, rate_bits(up))
+
     def _tbf(self, tc: list[str], dev: str, bits: int) -> None:
         # Burst: about 10 ms of tokens (at least 32 KiB, more than one 64 KiB GSO packet needs re-segmenting).
         burst = max(32 << 10, bits // 8 // 100)

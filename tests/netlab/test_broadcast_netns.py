@@ -19,16 +19,17 @@ from swarm_common.keys import KeyPair
 pytestmark = pytest.mark.timeout(150)
 REPO = Path(__file__).resolve().parents[2]
 N_RELAYS = 5
-SIZE = 4 << 20
+SIZE = 4 << 20  # 512 pieces: a 55 KB manifest, more than tbf lets out in one burst
 
 
 def test_relays_in_namespaces_fetch_from_each_other(netlab, tmp_path):
     hosts = [netlab.add_host(f"r{i}", up="40mbit") for i in range(N_RELAYS)]
+    netlab.shape_own(up="20mbit")  # the origin's uplink too: its answers arrive in MTU-sized segments
     key = KeyPair.generate()
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
 
     async def scenario() -> None:
-        origin = Origin(tmp_path / "origin", key, host=netlab.bridge_ip, fanout=2, piece_size=64 << 10,
+        origin = Origin(tmp_path / "origin", key, host=netlab.bridge_ip, fanout=2, piece_size=8 << 10,
                         heartbeat_interval=0.5)
         await origin.start()
         try:
