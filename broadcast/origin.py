@@ -18,6 +18,7 @@ from swarm_common.keys import KeyPair
 from .manifest import Manifest, build_manifest, encode_manifest
 from .messages import MAX_TRACKER_MESSAGE_BYTES, Join, Latest, Leave, PeerHeartbeat, Report, decode
 from .ratelimit import RateLimiter
+from .release import InOrderRelease
 from .serving import MAX_VERSION, parse_int, serve_piece
 from .store import VersionState
 from .tracker import Tracker, TrackerError
@@ -64,6 +65,7 @@ class Origin:
         self._tasks: list[asyncio.Task] = []
         self._url: str | None = None
         self._closing = False
+        self._order: dict[int, InOrderRelease] = {}  # per version: its pieces leave about in order
 
     @property
     def url(self) -> str:
@@ -117,6 +119,7 @@ class Origin:
         version_dir = Path(version_dir).resolve()
         m = await asyncio.to_thread(build_manifest, version_dir, version, parent, self.keypair, self.piece_size)
         self.versions[version] = VersionState(m, version_dir, complete=True)
+        self._order[version] = InOrderRelease(m.n_pieces, 2 * self.trees)
         self.latest = version
         self._retention()
         assert self.tracker
@@ -129,6 +132,7 @@ class Origin:
         # Stop serving all but the newest `keep`; delete only directories that live under our root_dir.
         for v in sorted(self.versions)[: -self.keep]:
             st = self.versions.pop(v)
+            self._order.pop(v, None)
             st.abandon()
             if st.dir.is_relative_to(self.root_dir) and st.dir != self.root_dir:
                 shutil.rmtree(st.dir, ignore_errors=True)
@@ -276,7 +280,16 @@ class Origin:
         async def lookup(v: int) -> VersionState | None:
             return self.versions.get(v)
 
-        return await serve_piece(request, lookup, self.limiter, self.piece_wait)
+        version = parse_int(request.match_info["version"], MAX_VERSION, "version")
+        index = request.match_info["index"]
+        order = self._order.get(version)
+        if order is None or not index.isdigit() or int(index) >= len(order.sent):
+            return await serve_piece(request, lookup, self.limiter, self.piece_wait)
+        await order.wait_turn(int(index))
+        try:
+            return await serve_piece(request, lookup, self.limiter, self.piece_wait)
+        finally:
+            await order.sent_one(int(index))
 
 
 def _status(status: int, text: str) -> web.HTTPException:
