@@ -84,9 +84,13 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):
+            try:
+                row = [h.sent_bytes() for h in self.hosts]
+            except OSError:  # the lab is being taken down
+                return
             self.series["t"].append(round(time.time() - self._t0, 3))
-            for h in self.hosts:
-                self.series[h.name].append(h.sent_bytes())
+            for h, x in zip(self.hosts, row, strict=True):
+                self.series[h.name].append(x)
 
     def stop(self) -> None:
         self._stop.set()
@@ -170,6 +174,8 @@ def run_row(design: str, n: int, args: argparse.Namespace, tmp: Path, timeout: f
                 servers.append(Proc(lab, h, [*sc, "middle", "--bind", h.ip, "--dir", str(root / h.name), "--port",
                                              str(PORT), "--upstream", f"http://{origin.ip}:{PORT}"], env))
                 mids.append(f"http://{h.ip}:{PORT}")
+            # Its clients give up on middle relays that don't answer yet.
+            wait_for(lambda: all(p.has("READY") for p in servers), 60, "shardcast middle relays", servers)
             for i in range(n):
                 h = lab.add_host(f"c{i}", up=up)
                 receivers.append(Proc(lab, h, [*sc, "clients", "--bind", h.ip, "--dir", str(root / h.name), "--n",
@@ -184,11 +190,11 @@ def run_row(design: str, n: int, args: argparse.Namespace, tmp: Path, timeout: f
         timeline = Sampler([p.host for p in everyone])
         end = time.monotonic() + timeout
         while sum(bool(p.has("DONE")) for p in receivers) < n:
-            if time.monotonic() > end:
-                return {"T": None, "error": f"timeout after {timeout:.0f}s with "
-                        f"{sum(bool(p.has('DONE')) for p in receivers)}/{n} done"}
-            if any(p.p.poll() is not None for p in everyone):
-                return {"T": None, "error": "a process exited early; logs in " + str(lab.log_dir)}
+            if time.monotonic() > end or any(p.p.poll() is not None for p in everyone):
+                timeline.stop()
+                got = sum(bool(p.has("DONE")) for p in receivers)
+                return {"T": None, "error": f"timeout after {timeout:.0f}s with {got}/{n} done"
+                        if time.monotonic() > end else f"a process exited early ({got}/{n} done)"}
             time.sleep(0.02)
         cpu = {p.host.name: proc_cpu(p.p.pid) - cpu0[id(p)] for p in everyone}
         timeline.stop()
@@ -237,7 +243,7 @@ def bench_netns(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bcnetns-") as td:
         for n in args.n:
             for design in args.designs:
-                budget = (4 * floor if design == "tree" else 1.5 * n * floor) + 60
+                budget = (4 * floor if design == "tree" else 2.5 * n * floor) + 60
                 t_start = time.monotonic()
                 try:
                     r = run_row(design, n, args, Path(td), budget)
