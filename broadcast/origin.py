@@ -15,7 +15,7 @@ from aiohttp import web
 from swarm_common.http import read_capped, start_site
 from swarm_common.keys import KeyPair
 
-from .manifest import Manifest, build_manifest, encode_manifest
+from .manifest import Manifest, auto_piece_size, build_manifest, encode_manifest
 from .messages import MAX_TRACKER_MESSAGE_BYTES, Join, Latest, Leave, PeerHeartbeat, Report, decode
 from .ratelimit import RateLimiter
 from .release import InOrderRelease
@@ -46,7 +46,8 @@ class Origin:
         heartbeat_interval: float = 2.0,
         piece_wait: float = 20.0,
     ):
-        """`trees` defaults to `fanout`: that is what lets every relay upload exactly what it downloads."""
+        """`trees` defaults to `fanout`: that is what lets every relay upload exactly what it downloads.
+        `piece_size` 0: chosen per version from its size (manifest.auto_piece_size)."""
         self.root_dir = Path(root_dir).resolve()
         self.keypair = keypair
         self.host, self.port = host, port
@@ -117,7 +118,8 @@ class Origin:
         if self.latest is not None and version <= self.latest:
             raise ValueError(f"version {version} is not newer than the latest published ({self.latest})")
         version_dir = Path(version_dir).resolve()
-        m = await asyncio.to_thread(build_manifest, version_dir, version, parent, self.keypair, self.piece_size)
+        piece = self.piece_size or await asyncio.to_thread(auto_piece_size, version_dir)
+        m = await asyncio.to_thread(build_manifest, version_dir, version, parent, self.keypair, piece)
         self.versions[version] = VersionState(m, version_dir, complete=True)
         self._order[version] = InOrderRelease(m.n_pieces, 2 * self.trees)
         self.latest = version

@@ -28,7 +28,8 @@ class InOrderRelease:
             async with asyncio.timeout(self.max_wait), self._moved:
                 await self._moved.wait_for(lambda: index < self.frontier + self.window)
         except TimeoutError:
-            pass
+            # Pieces below nobody is sending (children that had them, a child gone): stop waiting on them.
+            self.frontier = max(self.frontier, index)
 
     async def sent_one(self, index: int) -> None:
         self.sent[index] = 1
