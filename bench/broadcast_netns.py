@@ -174,12 +174,13 @@ def run_row(design: str, n: int, args: argparse.Namespace, tmp: Path, timeout: f
                 servers.append(Proc(lab, h, [*sc, "middle", "--bind", h.ip, "--dir", str(root / h.name), "--port",
                                              str(PORT), "--upstream", f"http://{origin.ip}:{PORT}"], env))
                 mids.append(f"http://{h.ip}:{PORT}")
-            # Its clients give up on middle relays that don't answer yet.
-            wait_for(lambda: all(p.has("READY") for p in servers), 60, "shardcast middle relays", servers)
+                # One at a time: each probes its upstream into the same /tmp/dummy.bin (shardcast's path).
+                wait_for(lambda: servers[-1].has("READY"), 60, "a shardcast middle relay", servers)
             for i in range(n):
                 h = lab.add_host(f"c{i}", up=up)
                 receivers.append(Proc(lab, h, [*sc, "clients", "--bind", h.ip, "--dir", str(root / h.name), "--n",
                                                "1", "--upstream", *mids], env))
+                wait_for(lambda: receivers[-1].has("READY"), 60, "a shardcast client", receivers)
         everyone = servers + receivers
         wait_for(lambda: all(p.has("READY") for p in everyone), 120, "every process to start", everyone)
         time.sleep(2.0)  # let joins settle into the tree and start-up CPU drain
