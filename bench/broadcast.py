@@ -50,7 +50,7 @@ async def _peer_worker(args: argparse.Namespace) -> None:
 
     for i in args.indices:
         p = Peer(args.tracker, Path(args.dir) / f"p{i}", bytes.fromhex(args.key), relay=not args.no_relay,
-                 upload_rate=args.rate, name=f"p{i}", on_version=on_done(i), window=args.window,
+                 host=args.bind, upload_rate=args.rate or None, name=f"p{i}", on_version=on_done(i), window=args.window,
                  stall_timeout=60)
         await p.start()
         peers.append(p)
@@ -149,10 +149,10 @@ def _cpu(ru) -> float:
 # ---------------------------------------------------------------------------------------------------------
 # shardcast roles (each in its own process; its servers are single-threaded stdlib http.server)
 # ---------------------------------------------------------------------------------------------------------
-def _patch_shardcast(rate: float) -> None:
+def _patch_shardcast(rate: float, bind: str) -> None:
     import shardcast.server as server
 
-    server.get_local_ip = lambda: "127.0.0.1"  # never probe towards 10.x
+    server.get_local_ip = lambda: bind  # never probe towards other addresses
     lock = threading.Lock()
     state = {"next": time.monotonic()}
 
@@ -167,20 +167,19 @@ def _patch_shardcast(rate: float) -> None:
                 time.sleep(delay)
             outputfile.write(chunk)
 
-    server.ShardcastRequestHandler.copyfile = copyfile
-
-    # Bind 127.0.0.1 rather than shardcast's 0.0.0.0.
+    if rate:  # 0: the kernel shapes this host's uplink (--netns)
+        server.ShardcastRequestHandler.copyfile = copyfile
     orig_init = server.ShardcastServer.__init__
 
-    def init(self, server_address, directory, shutdown_event=None):
-        orig_init(self, ("127.0.0.1", server_address[1]), directory, shutdown_event)
+    def init(self, server_address, directory, shutdown_event=None):  # bind ours, not shardcast's 0.0.0.0
+        orig_init(self, (bind, server_address[1]), directory, shutdown_event)
 
     server.ShardcastServer.__init__ = init
 
 
 def _sc_role(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.WARNING)
-    _patch_shardcast(args.rate)
+    _patch_shardcast(args.rate, args.bind)
     import shardcast.utils
 
     shardcast.utils.logger.setLevel(logging.WARNING)
@@ -360,6 +359,9 @@ def main() -> None:
     ap.add_argument("--designs", nargs="+", default=["tree", "star", "shardcast"],
                     choices=["tree", "star", "shardcast"])
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--netns", action="store_true", help="each peer a process in its own network namespace, "
+                    "its uplink shaped by the kernel (tbf), not by our code: see bench/broadcast_netns.py (root)")
+    ap.add_argument("--tbf-latency-ms", type=int, default=100, help="--netns: tbf queue limit, in ms")
     # internal roles
     ap.add_argument("--peer-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sc-role", choices=["origin", "middle", "clients"], help=argparse.SUPPRESS)
@@ -367,6 +369,7 @@ def main() -> None:
     ap.add_argument("--key", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--rate", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--bind", default="127.0.0.1", help=argparse.SUPPRESS)
     ap.add_argument("--indices", nargs="+", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--no-relay", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -379,7 +382,12 @@ def main() -> None:
     if args.sc_role:
         _sc_role(args)
         return
-    results = asyncio.run(bench(args))
+    if args.netns:
+        from broadcast_netns import bench_netns  # bench/ is on sys.path when run as a script
+
+        results = bench_netns(args)
+    else:
+        results = asyncio.run(bench(args))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
         print(f"wrote {args.json}")

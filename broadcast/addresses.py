@@ -77,3 +77,25 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def advertised_url(relay: bool, url: str | None, port: int | None, observed: str, private_ok: bool) -> str | None:
+    """The address a joining peer's relay is given to others at: the one it advertised, checked, or the host
+    its join came from (`observed`) with its relay's bound port; None for a peer that serves no one.
+    ValueError says why an address is refused."""
+    if not relay:
+        return None
+    if url is not None:
+        try:
+            host, p = parse_relay_url(url)
+        except ValueError as e:
+            raise ValueError(f"advertised address {url[:80]!r} refused: {e}") from None
+        if is_private(host) and not private_ok:
+            raise ValueError(f"{url} is a private or loopback address and this tracker is not on one: "
+                             "advertise an address others can reach (--advertise)")
+        return relay_url(host, p)
+    if port is None:
+        return None
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is out of range")
+    return relay_url(observed, port)

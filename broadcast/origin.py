@@ -16,13 +16,14 @@ from aiohttp import web
 from swarm_common.http import start_site
 from swarm_common.keys import KeyPair
 
-from .addresses import is_private, parse_relay_url, relay_url
+from .addresses import advertised_url, is_private, relay_url
 from .delta_publish import build_version, serve_file, want_delta
 from .identity import JOIN_SKEW_S, check_join
 from .judge import Judge, Prober
-from .manifest import Manifest, encode_manifest
+from .manifest import Manifest, auto_piece_size, encode_manifest
 from .messages import MAX_TRACKER_MESSAGE_BYTES, Join, Latest, Leave, PeerHeartbeat, ReachTest, Report, decode
 from .ratelimit import KeyedBuckets, RateLimiter
+from .release import InOrderRelease
 from .serving import MAX_VERSION, parse_int, serve_piece
 from .store import VersionState
 from .tracker import Tracker, TrackerError
@@ -59,7 +60,8 @@ class Origin:
         `allow_private`: accept private/loopback relay addresses (None: when the join reached us on one).
         `joins_per_*`: (rate per second, burst) of joins accepted per source address and per key.
         `full_every`: every K-th version goes out whole, the others as deltas against the one before
-        (broadcast/delta.py); 1 sends every version whole."""
+        (broadcast/delta.py); 1 sends every version whole. `piece_size` 0: chosen per version from its size
+        (manifest.auto_piece_size)."""
         self.root_dir = Path(root_dir).resolve()
         self.keypair = keypair
         self.host, self.port = host, port
@@ -93,6 +95,7 @@ class Origin:
         self._tasks: list[asyncio.Task] = []
         self._url: str | None = None
         self._closing = False
+        self._order: dict[int, InOrderRelease] = {}  # per version: its pieces leave about in order
 
     @property
     def url(self) -> str:
@@ -157,11 +160,13 @@ class Origin:
         base = self.full_dirs.get(parent) if parent is not None and parent in self.versions else None
         if not want_delta(full, self._since_full, self.full_every):
             base = None
+        piece = self.piece_size or await asyncio.to_thread(auto_piece_size, version_dir)
         m, served = await asyncio.to_thread(build_version, version_dir, version, parent, self.keypair,
-                                            self.piece_size, base, self.root_dir / "deltas" / f"v{version}")
+                                            piece, base, self.root_dir / "deltas" / f"v{version}")
         self._since_full = 0 if m.base is None else self._since_full + 1
         self.versions[version] = VersionState(m, served, complete=True)
         self.full_dirs[version] = version_dir
+        self._order[version] = InOrderRelease(m.n_pieces, 2 * self.trees)
         self.latest = version
         self._retention()
         assert self.tracker
@@ -176,6 +181,7 @@ class Origin:
         for v in sorted(self.versions)[: -self.keep]:
             st = self.versions.pop(v)
             self.full_dirs.pop(v, None)
+            self._order.pop(v, None)
             st.abandon()
             if st.dir.is_relative_to(self.root_dir) and st.dir != self.root_dir:
                 shutil.rmtree(st.dir, ignore_errors=True)
@@ -230,31 +236,14 @@ class Origin:
         except TrackerError as e:
             raise _status(e.status, str(e)) from e
 
-    def _private_ok(self, request: web.Request) -> bool:
-        if self.allow_private is not None:
-            return self.allow_private
-        sock = request.transport.get_extra_info("sockname") if request.transport else None
-        return bool(sock) and is_private(str(sock[0]))
-
     def _relay_url(self, msg: Join, request: web.Request) -> str | None:
-        """The address others will be given for this peer: the advertised one, checked, or the observed host
-        with the relay's bound port."""
-        if not msg.relay:
-            return None
-        if msg.url is not None:
-            try:
-                host, port = parse_relay_url(msg.url)
-            except ValueError as e:
-                raise TrackerError(400, f"advertised address {msg.url[:80]!r} refused: {e}", "bad_url") from None
-            if is_private(host) and not self._private_ok(request):
-                raise TrackerError(400, f"{msg.url} is a private or loopback address and this tracker is not on "
-                                   "one: advertise an address others can reach (--advertise)", "private_url")
-            return relay_url(host, port)
-        if msg.port is None:
-            return None
-        if not 0 < msg.port < 65536:
-            raise TrackerError(400, f"port {msg.port} is out of range", "bad_url")
-        return relay_url(request.remote or "", msg.port)
+        sock = request.transport.get_extra_info("sockname") if request.transport else None
+        private_ok = self.allow_private if self.allow_private is not None else bool(sock) and is_private(str(sock[0]))
+        try:
+            return advertised_url(msg.relay, msg.url, msg.port, request.remote or "", private_ok)
+        except ValueError as e:
+            code = "private_url" if "private" in str(e) else "bad_url"
+            raise TrackerError(400, str(e), code) from None
 
     def _check_signed(self, msg: Join, src: str) -> None:
         if wait := self._join_limit.take(src):
@@ -390,7 +379,16 @@ class Origin:
         async def lookup(v: int) -> VersionState | None:
             return self.versions.get(v)
 
-        return await serve_piece(request, lookup, self.limiter, self.piece_wait)
+        version = parse_int(request.match_info["version"], MAX_VERSION, "version")
+        index = request.match_info["index"]
+        order = self._order.get(version)
+        if order is None or not index.isdigit() or int(index) >= len(order.sent):
+            return await serve_piece(request, lookup, self.limiter, self.piece_wait)
+        await order.wait_turn(int(index))
+        try:
+            return await serve_piece(request, lookup, self.limiter, self.piece_wait)
+        finally:
+            await order.sent_one(int(index))
 
 
 def _status(status: int, text: str) -> web.HTTPException:

@@ -26,12 +26,12 @@ from swarm_common.keys import KeyPair, fingerprint
 
 from .addresses import is_loopback, parse_relay_url
 from .delta_fetch import materialize
-from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest
+from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest, encode_manifest
 from .membership import Evicted, FetchError, Membership
 from .messages import Leave
 from .ratelimit import RateLimiter
 from .receive_meter import ReceiveMeter
-from .serving import serve_piece
+from .serving import MAX_VERSION, parse_int, serve_piece
 from .sourcing import MIN_FIRST_BYTE_S, Sourcing
 from .store import Store, VersionState
 
@@ -129,6 +129,7 @@ class Peer(Membership, Sourcing):
             [
                 web.get("/health", self._health),
                 web.get("/reach", self._reach),
+                web.get("/v/{version}/manifest", self._manifest),
                 web.get("/v/{version}/piece/{index}", self._piece),
             ]
         )
@@ -212,11 +213,23 @@ class Peer(Membership, Sourcing):
                 self.states.pop(version).abandon()  # stays on disk in partial/ to resume later
 
     async def _get_manifest(self, version: int):
+        """From the nearest ancestor that holds it, else the origin: it is signed, so any peer may serve it,
+        and N peers all asking the origin would spend N manifests of the origin's uplink."""
+        for src in self._chain(version % self.trees)[:-1]:
+            try:
+                return await self._manifest_from(src, version)
+            except FetchError as e:
+                log.info("v%d manifest not from %s (%s): asking the next one up", version, src, e)
+        return await self._manifest_from(self.tracker_url, version)
+
+    async def _manifest_from(self, src: str, version: int):
         assert self._session
+        who = "the origin" if src == self.tracker_url else src
         try:
-            async with self._session.get(f"{self.tracker_url}/v/{version}/manifest") as r:
+            async with self._session.get(f"{src}/v/{version}/manifest",
+                                         timeout=aiohttp.ClientTimeout(total=self.stall_timeout)) as r:
                 if r.status == 404:
-                    raise FetchError(f"v{version} is not available from the origin (retired or never published)")
+                    raise FetchError(f"v{version} is not available from {who} (retired or never published)")
                 if r.status != 200:
                     raise FetchError(f"origin answered {r.status} for the v{version} manifest")
                 # read(n) returns what has arrived so far, not n bytes: a large manifest needs the loop.
@@ -228,11 +241,11 @@ class Peer(Membership, Sourcing):
                         break
                 data = b"".join(chunks)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            raise FetchError(f"could not get the v{version} manifest: {e}") from e
+            raise FetchError(f"could not get the v{version} manifest from {who}: {e}") from e
         try:
             m = decode_manifest(data, self.trusted_public)
         except ManifestError as e:
-            log.error("REFUSED manifest for v%d: %s", version, e)
+            log.error("REFUSED manifest for v%d from %s: %s", version, who, e)
             raise FetchError(f"refused the v{version} manifest: {e}") from e
         if m.version != version:
             raise FetchError(f"asked for the v{version} manifest, got one for v{m.version}")
@@ -241,8 +254,8 @@ class Peer(Membership, Sourcing):
     async def _download(self, version: int) -> Path:
         if self.evicted:
             raise Evicted(self.evicted)
-        m = await self._get_manifest(version)
         await self._heartbeat_once()  # parents may have changed since the last beat: start from fresh ones
+        m = await self._get_manifest(version)
         st = await asyncio.to_thread(self.store.open_partial, m)
         async with self._changed:
             self.states[version] = st
@@ -296,10 +309,20 @@ class Peer(Membership, Sourcing):
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "versions": self.complete_versions()})
 
+    async def _manifest(self, request: web.Request) -> web.Response:
+        """The signed manifest of a version held here: children need not all ask the origin for it."""
+        version = parse_int(request.match_info["version"], MAX_VERSION, "version")
+        st = None if self.evicted else await self._lookup(version)
+        if st is None:
+            raise web.HTTPNotFound(text=f"version {version} not held here")
+        return web.Response(body=encode_manifest(st.manifest), content_type="application/json")
+
     async def _lookup(self, version: int) -> VersionState | None:
         st = self.states.get(version)
-        if st is None and (self.known_latest is None or version > self.known_latest) and self.follow:
-            # A child heard of the version before we did; we're about to fetch it too.
+        if st is None and self.follow and (version in self._downloads or self.known_latest is None
+                                           or version > self.known_latest):
+            # A child heard of the version before we did, or asks while we still fetch its manifest: we're
+            # about to hold it. (A 404 here would send the child, and its children, to the origin.)
             try:
                 async with asyncio.timeout(self.stall_timeout / 2), self._changed:
                     await self._changed.wait_for(lambda: version in self.states)

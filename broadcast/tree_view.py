@@ -7,6 +7,8 @@ import asyncio
 import aiohttp
 import msgspec
 
+from swarm_common.http import read_capped
+
 from .messages import TreeView, decode
 
 
@@ -14,7 +16,7 @@ async def fetch_tree(tracker: str) -> TreeView:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
         async with s.get(tracker.rstrip("/") + "/tree") as r:
             r.raise_for_status()
-            return decode(await r.content.read(1 << 20), TreeView)
+            return decode(await read_capped(r.content, 1 << 20), TreeView)
 
 
 def render(tv: TreeView) -> str:

