@@ -226,8 +226,12 @@ class Peer(Membership, Sourcing):
         assert self._session
         who = "the origin" if src == self.tracker_url else src
         try:
-            async with self._session.get(f"{src}/v/{version}/manifest",
-                                         timeout=aiohttp.ClientTimeout(total=self.stall_timeout)) as r:
+            # An ancestor gets as long as a piece's first byte (a frozen relay must not hold up the version);
+            # the origin, the whole stall timeout.
+            quick = src != self.tracker_url
+            timeout = aiohttp.ClientTimeout(total=self.stall_timeout, sock_connect=2 * self.first_byte_timeout
+                                            if quick else None, sock_read=2 * self.first_byte_timeout if quick else None)
+            async with self._session.get(f"{src}/v/{version}/manifest", timeout=timeout) as r:
                 if r.status == 404:
                     raise FetchError(f"v{version} is not available from {who} (retired or never published)")
                 if r.status != 200:
