@@ -51,8 +51,9 @@ class Procs:
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, name: str, *args: str) -> subprocess.Popen:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+               **(env or {})}
         log = open(self.log_dir / f"{name}.log", "w")
         p = subprocess.Popen([sys.executable, "-m", "swarm.cli", *args], stdout=log, stderr=subprocess.STDOUT,
                              env=env, cwd=ROOT)
