@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.broadcast_netns import finish_row  # noqa: E402  (the table's rows, as --netns fills them)
+
 MiB = 1 << 20
 
 
@@ -330,10 +332,7 @@ async def bench(args: argparse.Namespace) -> dict:
                                            args.window, tmp, budget)
                 except Exception as e:  # a failed row is reported, not fatal to the table
                     r = {"T": None, "error": f"{type(e).__name__}: {e}"}
-                r.update(N=n, design=design, wall_s=time.monotonic() - t_start,
-                         design_floor=(n if design == "star" else 1) * floor)
-                r["ratio"] = r["T"] / floor if r["T"] else None
-                results["rows"].append(r)
+                finish_row(results, r, n, design, t_start, floor)
                 note = r.get("error", "") or (f"first receiver done at {r['first_s']:.2f}s" if "first_s" in r else "")
                 if design == "shardcast" and "relays" in r:
                     note = f"origin + {r['relays']} middle relays; clients never upload. {note}"

@@ -28,6 +28,13 @@ TICK = os.sysconf("SC_CLK_TCK")
 PORT = 7000  # every host has its own namespace, so one fixed port serves all
 
 
+def finish_row(results: dict, r: dict, n: int, design: str, t_start: float, floor: float) -> None:
+    """A measured (or failed) row: its design, its wall time, T against the floor, into the table."""
+    r.update(N=n, design=design, wall_s=time.monotonic() - t_start, design_floor=(n if design == "star" else 1) * floor)
+    r["ratio"] = r["T"] / floor if r["T"] else None
+    results["rows"].append(r)
+
+
 def proc_cpu(pid: int) -> float:
     """utime+stime+cutime+cstime of a live process, in seconds (0 once it is gone)."""
     try:
@@ -250,10 +257,7 @@ def bench_netns(args: argparse.Namespace) -> dict:
                     r = run_row(design, n, args, Path(td), budget)
                 except Exception as e:  # a failed row is reported, not fatal to the table
                     r = {"T": None, "error": f"{type(e).__name__}: {e}"}
-                r.update(N=n, design=design, wall_s=time.monotonic() - t_start,
-                         design_floor=(n if design == "star" else 1) * floor)
-                r["ratio"] = r["T"] / floor if r["T"] else None
-                results["rows"].append(r)
+                finish_row(results, r, n, design, t_start, floor)
                 print(_row(r, n, design), flush=True)
     return results
 

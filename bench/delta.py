@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import logging
 import random
@@ -47,11 +46,9 @@ def _files(d: Path) -> list[str]:
 
 
 def _sha(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    from broadcast.delta import file_sha256
+
+    return file_sha256(p)
 
 
 def _same(src: Path, copies: list[Path]) -> bool:
