@@ -204,6 +204,8 @@ class Node:
         while not self._stop.is_set():
             time_ms = int(time.time() * 1000)
             nonce = await asyncio.to_thread(proof_of_work.solve, self.node_id, time_ms, pow_bits) if pow_bits else 0
+            while not self._replies.empty():  # answers to what we sent before (a restarted trainer's errors)
+                self._replies.get_nowait()
             reply = await self._request(
                 P.Register(node_id=self.node_id, name=self.name, time_ms=time_ms, max_prompts=self.max_prompts,
                            status_url=self.status_url, trainer_host=self.trainer_host, pow_nonce=nonce,
@@ -219,12 +221,14 @@ class Node:
                 pow_bits = reply.pow_bits  # the trainer asks for a proof of work: solve it and ask again
                 log.info("the trainer asks for a %d-bit proof of work to register; solving it", pow_bits)
                 continue
-            if isinstance(reply, P.Error) and reply.code in ("invite_required", "banned", "not_allowed"):
+            if reply is None:
+                log.info("trainer at %s not answering yet; retrying in %.0fs", self.trainer, backoff)
+            elif reply.code in ("invite_required", "banned", "not_allowed"):
                 log.error("the trainer refuses this node: %s", reply.message)
             else:
-                log.info("trainer at %s not answering yet; retrying in %.0fs", self.trainer, backoff)
+                log.warning("registration refused (%s: %s); retrying in %.0fs", reply.code, reply.message, backoff)
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
+            backoff = min(backoff * 2, 30.0) if reply is None or reply.code != "stale_register" else 1.0
         raise asyncio.CancelledError
 
     async def _heartbeats(self) -> None:
