@@ -36,8 +36,9 @@ import torch  # noqa: E402
 from rewards.registry import make_task  # noqa: E402
 from swarm_common import protocol as P  # noqa: E402
 from tests.adversarial.attacks import ATTACKS, Ctx, item_from_prompt, reward_of  # noqa: E402
-from tests.adversarial.conftest import HONEST, MAX_LAG, MAX_MESSAGE_BYTES, swarm_args  # noqa: E402
+from tests.adversarial.conftest import HONEST, MAX_LAG, MAX_MESSAGE_BYTES, REGISTER_BURST, swarm_args  # noqa: E402
 from tests.adversarial.evil_node import EvilNode, Sampler  # noqa: E402
+from tests.adversarial.identity_attacks import IDENTITY_ATTACKS  # noqa: E402
 from tests.conftest import Procs, free_port, get_json, wait_json  # noqa: E402
 from trainer.config import RunConfig, TaskConfig  # noqa: E402
 from trainer.guard import FRAUD, Guard, GuardConfig, PairedRewards  # noqa: E402
@@ -180,13 +181,15 @@ def main() -> int:
 
         # 1. The attacks, one fresh key each.
         rows = []
-        for name, attack in ATTACKS.items():
+        # The free-identity attacks come last: the registration flood empties the address's bucket.
+        for name, attack in {**ATTACKS, **IDENTITY_ATTACKS}.items():
             t0 = time.monotonic()
             out = attack(ctx)
             rows.append({"attack": name, "attempts": out.attempts, "detected": out.detected,
                          "banned": out.banned, "codes": dict(out.codes), "node_ids": out.node_ids,
-                         "seconds": round(time.monotonic() - t0, 1)})
+                         "steps_kept": out.steps_kept, "seconds": round(time.monotonic() - t0, 1)})
             print(f"  {name}: {out.attempts} attempts, {out.detected} detected, codes {dict(out.codes)}", flush=True)
+        time.sleep(2 * REGISTER_BURST)  # the registration bucket refills (0.5/s) for the honest clients below
         after_attacks = summary()["step"]
         wait_json(url, lambda s: s["step"] >= after_attacks + 2, timeout=120)
 
@@ -254,9 +257,10 @@ def main() -> int:
     result["cherry_picking_power"] = power
 
     print()
-    print(f"{'attack':<22}{'attempts':>9}{'detected':>10}{'reached a batch':>17}  codes")
+    print(f"{'attack':<22}{'attempts':>9}{'detected':>10}{'reached a batch':>17}{'steps kept':>11}  codes")
     for r in result["attacks"]:
-        print(f"{r['attack']:<22}{r['attempts']:>9}{r['detected']:>10}{r['reached_batch']:>17}  "
+        kept = "-" if r.get("steps_kept") is None else f"{r['steps_kept']:.2f}"
+        print(f"{r['attack']:<22}{r['attempts']:>9}{r['detected']:>10}{r['reached_batch']:>17}{kept:>11}  "
               f"{', '.join(f'{k}={v}' for k, v in sorted(r['codes'].items()))}")
     h = result["honest"]
     print(f"\nhonest nodes: {h['groups']} groups accepted ({h['groups_checked_here']} in the honest phase), "
