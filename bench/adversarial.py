@@ -235,7 +235,7 @@ def main() -> int:
         step_groups = sum(x["groups"] for x in steps)
         per_audit = s["audit_seconds"] / max(s["audits"], 1)
         per_group_step = step_s / max(step_groups, 1)
-        audit_share = sec.audit_rate * per_audit / per_group_step
+        audit_share = defaults.audit.rate * per_audit / per_group_step
         result = {
             "attacks": rows,
             "honest": {"groups": honest_groups, "groups_checked_here": done, "trained": honest_trained,
@@ -243,10 +243,10 @@ def main() -> int:
                        "banned": honest_banned, "dropped": s["dropped"],
                        "false_positive_rate": (fraud_refusals + len(honest_banned)) / max(honest_groups, 1)},
             "audit": {"audits": s["audits"], "seconds": s["audit_seconds"], "seconds_per_group": per_audit,
-                      "step_seconds_per_group": per_group_step, "default_rate": sec.audit_rate,
+                      "step_seconds_per_group": per_group_step, "default_rate": defaults.audit.rate,
                       "share_of_step_time": audit_share,
                       "share_measured_this_run": s["audit_seconds"] / max(step_s, 1e-9),
-                      "calibration": s["audit_calibration"], "tolerance": sec.audit_tol},
+                      "calibration": s["audit_calibration"], "tolerance": defaults.audit.tol},
         }
     finally:
         procs.stop_all()

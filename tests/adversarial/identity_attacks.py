@@ -45,6 +45,7 @@ def work_hoarding(ctx: Ctx, keys: int = 4, seconds: float = 20.0) -> Outcome:
                 out.attempts += 16
                 if isinstance(reply, P.WorkAssignment):
                     granted += len(reply.assignments)
+                    ev.version = max(ev.version, reply.weights.version)  # it claims to load what is out
                 ev.send(P.Heartbeat(node_id=ev.node_id, version_loaded=ev.version))
             time.sleep(0.5)
 
