@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 import msgspec
 
+from swarm_common.http import read_capped
+
 from .identity import check_reach
 from .messages import ReachAnswer, Report, decode
 
@@ -53,7 +55,7 @@ class Prober:
             try:
                 async with self.session.get(f"{url}/reach", params={"nonce": nonce},
                                             timeout=self._timeout(self.connect_timeout + self.ttfb)) as r:
-                    body = await r.content.read(4096)
+                    body = await read_capped(r.content, 4096)
                     status = r.status
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 return "unreachable", None, f"connect-back to {url} failed: {type(e).__name__} {e}".strip()

@@ -16,6 +16,7 @@ import msgspec
 from aiohttp import web
 from yarl import URL
 
+from swarm_common.http import read_capped
 from swarm_common.keys import fingerprint
 
 from .addresses import is_loopback, is_wildcard, parse_relay_url, relay_url
@@ -59,12 +60,12 @@ class Membership:
             headers={"Content-Type": "application/json"},
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as r:
-            return r.status, await r.content.read(1 << 20)
+            return r.status, await read_capped(r.content, 1 << 20)
 
     async def _check_tracker_key(self: Peer) -> None:
         assert self._session
         async with self._session.get(self.tracker_url + "/info", timeout=aiohttp.ClientTimeout(total=5)) as r:
-            info = msgspec.json.decode(await r.content.read(4096))
+            info = msgspec.json.decode(await read_capped(r.content, 4096))
         theirs = info.get("public_key") if isinstance(info, dict) else None
         if theirs != self.trusted_public.hex():
             # Not fatal on its own (manifests are what we check), but almost surely a misconfiguration.
@@ -210,7 +211,7 @@ class Membership:
         ) as r:
             if r.status != 200:
                 raise FetchError(f"tracker /latest answered {r.status}")
-            lat = decode(await r.content.read(1 << 16), Latest)
+            lat = decode(await read_capped(r.content, 1 << 16), Latest)
         return lat.latest
 
     async def _watch_loop(self: Peer) -> None:

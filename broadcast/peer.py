@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from swarm_common.http import start_site
+from swarm_common.http import read_capped, start_site
 from swarm_common.keys import KeyPair, fingerprint
 
 from .addresses import is_loopback, parse_relay_url
@@ -235,15 +235,8 @@ class Peer(Membership, Sourcing):
                 if r.status == 404:
                     raise FetchError(f"v{version} is not available from {who} (retired or never published)")
                 if r.status != 200:
-                    raise FetchError(f"origin answered {r.status} for the v{version} manifest")
-                # read(n) returns what has arrived so far, not n bytes: a large manifest needs the loop.
-                chunks, got = [], 0
-                async for chunk in r.content.iter_chunked(1 << 16):
-                    chunks.append(chunk)
-                    got += len(chunk)
-                    if got > MAX_MANIFEST_BYTES:
-                        break
-                data = b"".join(chunks)
+                    raise FetchError(f"{who} answered {r.status} for the v{version} manifest")
+                data = await read_capped(r.content, MAX_MANIFEST_BYTES)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise FetchError(f"could not get the v{version} manifest from {who}: {e}") from e
         try:

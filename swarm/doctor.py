@@ -22,7 +22,7 @@ from broadcast.identity import reach_answer
 from broadcast.manifest import ManifestError, decode_manifest, flat_pieces
 from broadcast.messages import ReachTest
 from swarm_common import protocol as P
-from swarm_common.http import start_site
+from swarm_common.http import read_capped, start_site
 from swarm_common.keys import KeyPair, fingerprint, load_public
 
 
@@ -62,12 +62,10 @@ async def _get(session: aiohttp.ClientSession, url: str, limit: int) -> tuple[in
     """GET the whole body (at most `limit` bytes), and how long it took."""
     t0 = time.perf_counter()
     async with session.get(url) as r:
-        body = bytearray()
-        async for chunk in r.content.iter_chunked(1 << 16):
-            body += chunk
-            if len(body) > limit:
-                raise aiohttp.ClientPayloadError(f"{url}: more than {limit} bytes")
-        return r.status, bytes(body), time.perf_counter() - t0
+        body = await read_capped(r.content, limit)
+        if len(body) > limit:
+            raise aiohttp.ClientPayloadError(f"{url}: more than {limit} bytes")
+        return r.status, body, time.perf_counter() - t0
 
 
 async def _connect_back(session: aiohttp.ClientSession, tracker: str, relay_host: str, relay_port: int) -> Check:
@@ -88,7 +86,7 @@ async def _connect_back(session: aiohttp.ClientSession, tracker: str, relay_host
                      "free the port, or pick another with --relay-port")
     try:
         async with session.get(f"{tracker}/reach-test", params={"port": str(port)}) as r:
-            body = await r.content.read(1 << 16)
+            body = await read_capped(r.content, 1 << 16)
             if r.status == 404:
                 return Check("relay port", None, "this tracker cannot test reachability (an older trainer)")
             if r.status != 200:
