@@ -137,6 +137,7 @@ class Node:
         """Fetch `info`'s version through the tree (every piece verified), then start or reload the engine."""
         path = await self.peer.fetch(info.version, timeout=600)
         if self.engine is None:
+            log.info("starting the engine (vLLM) on version %d", info.version)
             await self._on_engine(self._start_engine, path)
             log.info("engine started on version %d in %.1fs", info.version, self.engine.start_seconds)
         else:

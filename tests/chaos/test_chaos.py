@@ -64,10 +64,15 @@ def test_churn_crash_and_resume(tmp_path, procs):
     trainer = procs.start("trainer", *trainer_args)
     wait_json(url, timeout=240, proc=trainer)
 
-    def node(i: int):
+    def node(i: int, revived: bool = False):
+        # Nodes on separate machines share no torch compile cache; here they would, and a node frozen by
+        # SIGSTOP while it holds one of the cache's file locks would keep a revived node's engine from
+        # starting for the lock's 600 s timeout (seen in CI). The revived nodes compile into a cache of
+        # their own, as on a machine of their own.
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-revived")} if revived else None
         return procs.start(f"node{i}-{int(time.monotonic())}", "node", "--trainer", f"127.0.0.1:{zport}",
                            "--data-dir", str(tmp_path / f"node{i}"), "--name", f"n{i}", "--max-prompts", "4",
-                           "--seed", str(i))
+                           "--seed", str(i), env=env)
 
     nodes = {i: node(i) for i in range(N_NODES)}
     _wait_step(url, 6, timeout=300)
@@ -86,7 +91,7 @@ def test_churn_crash_and_resume(tmp_path, procs):
     # on this machine; a run that ended first could not show that the revived nodes' work is trained on).
     t_back = time.monotonic()
     for i in (0, 1):
-        nodes[i] = node(i)
+        nodes[i] = node(i, revived=True)
     for i in range(2, N_NODES):
         nodes[i].send_signal(signal.SIGSTOP)
     _wait_log([nodes[0], nodes[1]], "engine started", timeout=300)
