@@ -17,6 +17,7 @@ See docs/tree-simulation.md for the model.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import random
@@ -82,6 +83,7 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
             done_check()
 
         sw.on_all_done = done_check
+        warm_reports, sw.reports = dict(sw.reports), collections.Counter()
         sim.at(t_pub, sw.publish, last, size)
         for dt, kind, lk in churn:
             sim.at(t_pub + dt, churn_event, kind, lk)
@@ -91,7 +93,8 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
         T = max(p.done_at.get(last, math.inf) for p in present) - t_pub
         bound = fluid_bound(size, origin.up, [Link(p.host.up, p.host.down, 0) for p in present], arrivals)
     return {"T": T, "bound": bound, "warmup_T": warm_T, "present": len(present), "missing": missing,
-            "events": sim.events, "reports": dict(sw.reports), "tracker_peers": len(sw.tracker.peers)}
+            "events": sim.events, "reports": dict(sw.reports), "warmup_reports": warm_reports,
+            "tracker_peers": len(sw.tracker.peers)}
 
 
 def run_fluid(design: str, links: list[Link], origin: Link, size: int, churn: list[tuple], rng) -> dict:
@@ -164,7 +167,8 @@ def main() -> None:
             t0 = time.process_time()
             if design.startswith("tree"):
                 r = run_tree(links, origin, size, churn, args, measured=design == "tree")
-                note = (f"warm-ups {r['warmup_T']} s; {r['present']} present; reports {r['reports']}; "
+                note = (f"warm-ups {r['warmup_T']} s; {r['present']} present; reports {r['reports']} "
+                        f"(warm-ups {r['warmup_reports']}); "
                         f"{r['events'] / 1e6:.2f}M events")
                 if r["missing"]:
                     note += f"; {r['missing']} never finished"

@@ -18,6 +18,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from .layout import Layout, join_order_layout
 from .messages import Banned, Join, Joined, PeerHeartbeat, PeerView, Received, TreeSources, TreeView
 from .placement import Candidate, UploadMeter, measured_layout
 
@@ -87,7 +88,8 @@ class Tracker:
         self.refused: collections.Counter[str] = collections.Counter()
         self.events: collections.deque[str] = collections.deque(maxlen=200)
         self._seq = 0
-        self._topo: tuple[list[dict[str, str | None]], list[dict[str | None, list[str]]]] | None = None
+        self.latest: int | None = None  # the newest version, as the origin last said
+        self._layout: Layout | None = None  # this version's trees (broadcast/layout.py); None: lay out afresh
         self.uploads = UploadMeter()  # placement: children's reports of what each source uploaded
 
     # -- standing -------------------------------------------------------------------------------------
@@ -118,17 +120,41 @@ class Tracker:
         return (rec.key in self.trusted or rec.key in self.proven) and self.points(rec.key) <= self.penalty_limit - 1
 
     def set_trusted(self, key: str, trusted: bool = True) -> None:
+        if (key in self.trusted) == trusted:
+            return
         (self.trusted.add if trusted else self.trusted.discard)(key)
-        self._topo = None
+        if trusted:
+            self._relayout()
+        elif any(p.key == key for p in self.peers.values()):
+            self._layout = None  # it may sit above peers with standing: not even for the rest of a version
 
     def prove(self, rec: PeerRec, how: str) -> None:
         if rec.key not in self.proven:
             self.proven.add(rec.key)
-            self._topo = None
+            self._relayout()
             self.event(f"{rec.peer_id} {rec.name} has shown it uploads ({how})")
 
     def _ranked(self, rec: PeerRec) -> bool:
         return rec.key in self.trusted or rec.key in self.proven
+
+    def _ranked_id(self, peer_id: str | None) -> bool:
+        rec = self.peers.get(peer_id) if peer_id is not None else None
+        return rec is not None and self._ranked(rec)
+
+    # -- the layout: afresh when nothing is in flight, repaired in place while a version is ---------------
+    def _in_flight(self) -> bool:
+        return self.latest is not None and any(self.latest not in p.complete for p in self.peers.values())
+
+    def _relayout(self) -> None:
+        """Something the layout depends on changed: lay out afresh, unless that would move peers mid-version."""
+        if not self._in_flight():
+            self._layout = None
+
+    def _repair(self, how: str, peer_id: str) -> None:
+        if self._layout is None or not self._in_flight():
+            self._layout = None
+        else:
+            getattr(self._layout, how)(peer_id, self._ranked_id)
 
     # -- membership -----------------------------------------------------------------------------------
     def check_admission(self, key: str, url: str | None) -> None:
@@ -164,7 +190,7 @@ class Tracker:
         if rec.interior_capable:
             rec.group = self._smallest_group()
         self.peers[rec.peer_id] = rec
-        self._topo = None
+        self._repair("add", rec.peer_id)
         self.event(f"join {rec.peer_id} {rec.name} {rec.url or '(no relay)'} key={key[:12]} group={rec.group}"
                    + ("" if rec.reachable is not False else " (not reachable: leaf)"))
         return Joined(rec.peer_id, rec.token, self.trees, self.heartbeat_interval, rec.url, observed_host,
@@ -176,10 +202,12 @@ class Tracker:
         rec.reachable, rec.reach_error = reachable, error[:200]
         if reachable and rec.interior_capable and rec.group is None:
             rec.group = self._smallest_group()
-        elif not reachable and rec.group is not None:
-            rec.group = None
-            self._rebalance()
-        self._topo = None
+            self._relayout()
+        elif not reachable:
+            if rec.group is not None:
+                rec.group = None
+                self._rebalance()
+            self._repair("make_leaf", rec.peer_id)
         self.event(f"{rec.peer_id} {rec.name} {'reachable again' if reachable else 'not reachable: leaf'}"
                    + (f" ({error})" if error else ""))
 
@@ -238,7 +266,7 @@ class Tracker:
         rec = self.peers.pop(peer_id, None)
         if rec is None:
             return
-        self._topo = None
+        self._repair("remove", peer_id)
         if rec.group is not None:
             self._rebalance()
         self.event(f"remove {peer_id} {rec.name} ({why})")
@@ -272,7 +300,7 @@ class Tracker:
             rec.demoted = True
             rec.group = None
             self.proven.discard(rec.key)
-            self._topo = None
+            self._repair("make_leaf", peer_id)
             self._rebalance()
             self.event(f"demote {peer_id} to leaf ({why})")
 
@@ -292,56 +320,24 @@ class Tracker:
     # -- topology -------------------------------------------------------------------------------------
     def topology(self) -> tuple[list[dict[str, str | None]], list[dict[str | None, list[str]]]]:
         """Per tree: parent of each peer (None = origin) and children of each node (None key = origin)."""
-        if self._topo is not None:
-            return self._topo
-        if self.uploads.placed:
-            self._topo = self._measured_topology()
-            return self._topo
-        parents: list[dict[str, str | None]] = []
-        children: list[dict[str | None, list[str]]] = []
-        ordered = sorted(self.peers.values(), key=lambda p: p.seq)
-        for t in range(self.trees):
-            par: dict[str, str | None] = {}
-            kids: dict[str | None, list[str]] = collections.defaultdict(list)
-
-            def attach(pid: str, parent: str | None, par=par, kids=kids) -> None:
-                par[pid] = parent
-                kids[parent].append(pid)
-
-            def free(nodes: list[str], kids=kids) -> list[str]:  # slots, shallowest first
-                return [pid for pid in nodes for _ in range(self.fanout - len(kids[pid]))]
-
-            interior = [p for p in ordered if p.group == t and p.interior_capable]
-            top = [p.peer_id for p in interior if self._ranked(p)]
-            trial = [p.peer_id for p in interior if not self._ranked(p)]
-            for j, pid in enumerate(top):
-                attach(pid, None if j == 0 else top[(j - 1) // self.fanout])
-            top_slots = free(top)
-            k = 0
-            for p in ordered:  # leaves with standing first, in the slots under peers with standing
-                if p.peer_id not in par and self._ranked(p):
-                    attach(p.peer_id, top_slots[k] if k < len(top_slots) else None)
-                    k += 1
-            # Fresh relays: a heap of their own, hung from the slots left (the origin's when none are).
-            left = top_slots[k:]
-            roots: list[str | None] = list(left[: len(trial)]) or [None]
-            for j, pid in enumerate(trial):
-                attach(pid, roots[j] if j < len(roots) else trial[(j - len(roots)) // self.fanout])
-            slots = iter([*left[len(trial):], *free(trial)])
-            for p in ordered:
-                if p.peer_id not in par:
-                    attach(p.peer_id, next(slots, None))  # None: no free slot left, the origin takes it
-            parents.append(par)
-            children.append(dict(kids))
-        self._topo = (parents, children)
-        return self._topo
+        if self._layout is None:
+            ordered = sorted(self.peers.values(), key=lambda p: p.seq)
+            if self.uploads.placed:
+                self._layout = self._measured_layout(ordered)
+            else:
+                self._layout = join_order_layout(
+                    [(p.peer_id, p.group if p.interior_capable else None, self._ranked(p)) for p in ordered],
+                    self.trees, self.fanout)
+        return self._layout.topology()
 
     # -- placement by measured uplink (broadcast/placement.py) -----------------------------------------------
     def _note_uploads(self, rec: PeerRec, received: dict[str, Received], latest: int | None) -> None:
+        if latest is not None and latest != self.latest:
+            self.latest = latest
+            self._layout = None  # a new version: a fresh layout, repaired in place until it is everywhere
         if latest is not None and latest != self.uploads.epoch:
             live = {p.url for p in self.peers.values() if p.url} | {self.origin_url}
             if self.uploads.new_epoch(latest, live):
-                self._topo = None  # a new version: lay the trees out by what was measured
                 for p in self.peers.values():
                     # A stall report blames the relay a child waited on, often the victim of a slow one above
                     # it; once uplinks are measured, the new layout decides again (a real staller re-earns it).
@@ -349,17 +345,16 @@ class Tracker:
                         p.demoted = False
                         p.reporters.clear()
         if received:
-            self.uploads.note(received, time.monotonic())
+            self.uploads.note(received, time.monotonic(), rec.key)
 
-    def _measured_topology(self) -> tuple[list[dict[str, str | None]], list[dict[str | None, list[str]]]]:
-        ordered = sorted(self.peers.values(), key=lambda p: p.seq)
+    def _measured_layout(self, ordered: list[PeerRec]) -> Layout:
         placed = self.uploads.placed
         cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, placed.get(p.url) if p.url else None)
                  for p in ordered]
-        group, parents, children = measured_layout(cands, self.trees, self.fanout, placed.get(self.origin_url))
+        group, parents, children, caps = measured_layout(cands, self.trees, self.fanout, placed.get(self.origin_url))
         for p in ordered:
             p.group = group[p.peer_id]
-        return parents, children
+        return Layout(parents, children, caps)
 
     def sources(self, peer_id: str) -> list[list[str]]:
         """For each tree, the chain of ancestor URLs: parent first, origin last."""

@@ -77,7 +77,7 @@ class Swarm:
         self.sim, self.net = sim, Net(sim)
         self.origin = origin
         self.origin_url = "http://origin:1"
-        self.tracker = Tracker(self.origin_url, trees, fanout, heartbeat)
+        self.tracker = Tracker(self.origin_url, trees, fanout, heartbeat, max_peers=1 << 20)  # churn: N + arrivals
         self.trees, self.piece, self.window = trees, piece, window
         self.hb = heartbeat
         self.piece_wait = 0.6 * stall_timeout  # broadcast/peer.py serves with stall_timeout * 0.6

@@ -1,0 +1,148 @@
+"""One version's layout of the k trees, and its repair in place while that version is in flight.
+
+Laying every tree out afresh when one peer comes or goes shifts most peers under new parents mid-version,
+parents that lack the pieces they are then asked for: their requests are held, answered 503 and reported
+as stalls, and the demotions those bring re-lay the trees out again (640 stall reports in one version of
+the 1000-peer simulation, docs/tree-simulation.md). So the tracker lays the trees out when nothing is in
+flight and, while a version is, only repairs: a departed or demoted relay's children move to the
+shallowest free place (never below a fresh key if they have standing, never into their own subtree), and a
+newcomer takes a free place as a leaf in every tree (the origin's, when none is free). The next version
+gets a fresh layout.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+Parents = dict[str, str | None]  # peer -> its parent in one tree (None: the origin)
+Children = dict[str | None, list[str]]  # node (None: the origin) -> its children in one tree
+
+
+class Layout:
+    def __init__(self, parents: list[Parents], children: list[Children], caps: list[dict[str | None, int]]):
+        self.parents = parents
+        self.children = [collections.defaultdict(list, kids) for kids in children]
+        self.caps = caps  # per tree: how many children a node may have (the origin's under None)
+        self.depth: list[dict[str | None, int]] = []
+        for kids in self.children:
+            depth: dict[str | None, int] = {None: 0}
+            queue = collections.deque([None])
+            while queue:
+                node = queue.popleft()
+                for c in kids.get(node, ()):
+                    depth[c] = depth[node] + 1
+                    queue.append(c)
+            self.depth.append(depth)
+        self.moved = 0  # peers given a new parent by repairs (for the event log and the simulation)
+
+    def topology(self) -> tuple[list[Parents], list[Children]]:
+        """The live structures, not copies (every heartbeat reads them): callers must not change them."""
+        return self.parents, self.children
+
+    def add(self, pid: str, ranked: Callable[[str | None], bool]) -> None:
+        """A newcomer: a leaf in every tree, in the shallowest free place it may take."""
+        for t in range(len(self.parents)):
+            self.caps[t][pid] = 0
+            self._adopt(t, pid, ranked)
+
+    def remove(self, pid: str, ranked: Callable[[str | None], bool]) -> None:
+        for t in range(len(self.parents)):
+            parent = self.parents[t].pop(pid, None)
+            if parent in self.children[t] and pid in self.children[t][parent]:
+                self.children[t][parent].remove(pid)
+            self.caps[t].pop(pid, None)
+            self.depth[t].pop(pid, None)
+            self._rehome(t, self.children[t].pop(pid, []), ranked)
+
+    def make_leaf(self, pid: str, ranked: Callable[[str | None], bool]) -> None:
+        """A relay that may no longer be interior (demoted, unreachable) keeps its places, loses its children."""
+        for t in range(len(self.parents)):
+            self.caps[t][pid] = 0
+            self._rehome(t, self.children[t].pop(pid, []), ranked)
+
+    def _rehome(self, t: int, orphans: list[str], ranked: Callable[[str | None], bool]) -> None:
+        # Those with children of their own first: they take the shallowest places, their subtrees with them.
+        for o in sorted(orphans, key=lambda o: -len(self.children[t].get(o, ()))):
+            self.parents[t].pop(o, None)
+            self._adopt(t, o, ranked)
+            self.moved += 1
+
+    def _adopt(self, t: int, pid: str, ranked: Callable[[str | None], bool]) -> None:
+        """Hang pid where a free place gives it the most: a node's places stand for equal shares of its
+        uplink, so one with cap places and k children serves one more at about cap / (k + 1) shares (ties:
+        the shallower). The origin takes it when no place is free."""
+        par, kids, depth = self.parents[t], self.children[t], self.depth[t]
+        needs_standing = ranked(pid)
+        best: str | None = None
+        best_key: tuple[float, int] | None = None
+        for node, cap in self.caps[t].items():
+            taken = len(kids.get(node, ()))
+            if taken >= cap or node == pid or (node is not None and node not in par):
+                continue
+            if needs_standing and node is not None and not ranked(node):
+                continue  # no fresh key between the origin and a peer with standing
+            key = (-cap / (taken + 1), depth.get(node, 1 << 20))
+            if (best_key is None or key < best_key) and not self._below(t, node, pid):
+                best, best_key = node, key
+        par[pid] = best  # None: no free place left, the origin takes it
+        kids[best].append(pid)
+        depth[pid] = depth.get(best, 0) + 1
+
+    def _below(self, t: int, node: str | None, pid: str) -> bool:
+        """Is `node` in `pid`'s subtree (so that hanging pid under it would make a cycle)?"""
+        par = self.parents[t]
+        for _ in range(len(par) + 1):
+            if node is None:
+                return False
+            if node == pid:
+                return True
+            node = par.get(node)
+        return True
+
+
+def join_order_layout(peers: list[tuple[str, int | None, bool]], trees: int, fanout: int) -> Layout:
+    """The layout before any uplink is measured: per tree, its group's relays in join order as an f-ary heap,
+    those with standing on top. `peers`: (peer_id, group if it may be interior, ranked) in join order."""
+    parents: list[Parents] = []
+    children: list[Children] = []
+    caps: list[dict[str | None, int]] = []
+    ranked = {pid for pid, _, r in peers if r}
+    for t in range(trees):
+        par: Parents = {}
+        kids: Children = collections.defaultdict(list)
+
+        def attach(pid: str, parent: str | None, par=par, kids=kids) -> None:
+            par[pid] = parent
+            kids[parent].append(pid)
+
+        def free(nodes: list[str], kids=kids) -> list[str]:  # places, shallowest first
+            return [pid for pid in nodes for _ in range(fanout - len(kids[pid]))]
+
+        interior = [pid for pid, group, _ in peers if group == t]
+        top = [pid for pid in interior if pid in ranked]
+        trial = [pid for pid in interior if pid not in ranked]
+        for j, pid in enumerate(top):
+            attach(pid, None if j == 0 else top[(j - 1) // fanout])
+        top_slots = free(top)
+        k = 0
+        for pid, _, r in peers:  # leaves with standing first, in the places under peers with standing
+            if pid not in par and r:
+                attach(pid, top_slots[k] if k < len(top_slots) else None)
+                k += 1
+        # Fresh relays: a heap of their own, hung from the places left (the origin's when none are).
+        left = top_slots[k:]
+        roots: list[str | None] = list(left[: len(trial)]) or [None]
+        for j, pid in enumerate(trial):
+            attach(pid, roots[j] if j < len(roots) else trial[(j - len(roots)) // fanout])
+        places = iter([*left[len(trial):], *free(trial)])
+        for pid, _, _ in peers:
+            if pid not in par:
+                attach(pid, next(places, None))  # None: no free place left, the origin takes it
+        parents.append(par)
+        children.append(dict(kids))
+        cap: dict[str | None, int] = {pid: 0 for pid, _, _ in peers}
+        cap.update({pid: fanout for pid in interior})
+        cap[None] = max(1, len(kids[None]))
+        caps.append(cap)
+    return Layout(parents, children, caps)

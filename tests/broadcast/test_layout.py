@@ -1,0 +1,106 @@
+"""While a version is in flight the tracker repairs its layout in place: a peer that leaves, is demoted or
+arrives moves only the peers it must (broadcast/layout.py); the next version, or a swarm with nothing in
+flight, gets a fresh layout."""
+
+from __future__ import annotations
+
+import copy
+
+from broadcast.messages import Join, PeerHeartbeat
+from broadcast.tracker import Tracker
+
+TREES, FANOUT = 2, 2
+
+
+def _swarm(n: int, trusted: range) -> tuple[Tracker, list]:
+    tr = Tracker("http://o:1", trees=TREES, fanout=FANOUT)
+    joined = [tr.join(Join(f"http://h{i}:1", True, f"p{i}"), key=f"k{i}") for i in range(n)]
+    for i in trusted:
+        tr.set_trusted(f"k{i}")
+    return tr, joined
+
+
+def _publish(tr: Tracker, joined: list, version: int, complete: bool = False) -> None:
+    for j in joined:
+        if j.peer_id in tr.peers:
+            tr.heartbeat(PeerHeartbeat(j.peer_id, j.token, [version] if complete else []), latest=version)
+
+
+def _check(tr: Tracker) -> None:
+    """Everyone has a place in every tree, reaches the origin without a cycle, the children lists agree with
+    the parents, and no fresh key sits above a peer with standing."""
+    parents, children = tr.topology()
+    for t in range(TREES):
+        assert set(parents[t]) == set(tr.peers)
+        for pid, parent in parents[t].items():
+            assert pid in children[t][parent]
+            seen, cur = set(), pid
+            while cur is not None:
+                assert cur not in seen
+                seen.add(cur)
+                cur = parents[t][cur]
+                if tr._ranked(tr.peers[pid]) and cur is not None:
+                    assert tr._ranked(tr.peers[cur]), "a fresh key above a peer with standing"
+        assert sum(len(k) for k in children[t].values()) == len(tr.peers)
+
+
+def _interior(tr: Tracker, t: int) -> str:
+    """A peer with children in tree t, not at the top."""
+    parents, children = tr.topology()
+    return next(p for p, kids in children[t].items() if p is not None and kids and parents[t][p] is not None)
+
+
+def test_a_departure_mid_version_moves_only_its_children():
+    tr, joined = _swarm(24, trusted=range(12))
+    _publish(tr, joined, 1)
+    before = copy.deepcopy(tr.topology()[0])
+    gone = _interior(tr, 0)
+    orphans = set(tr.topology()[1][0][gone])
+    tr.remove(gone, "left")
+    _check(tr)
+    after = tr.topology()[0]
+    for t in range(TREES):
+        moved = {p for p in after[t] if after[t][p] != before[t][p]}
+        assert moved == {p for p in after[t] if before[t][p] == gone}
+    assert orphans and all(after[0][o] != gone for o in orphans)
+
+
+def test_a_newcomer_mid_version_is_a_leaf_and_moves_no_one():
+    tr, joined = _swarm(16, trusted=range(16))
+    _publish(tr, joined, 1)
+    before = copy.deepcopy(tr.topology()[0])
+    new = tr.join(Join("http://new:1", True, "new"), key="knew")
+    _check(tr)
+    parents, children = tr.topology()
+    for t in range(TREES):
+        assert {p: parents[t][p] for p in before[t]} == before[t]
+        assert not children[t].get(new.peer_id)
+
+
+def test_a_demoted_relay_keeps_its_places_and_loses_its_children():
+    tr, joined = _swarm(16, trusted=range(16))
+    _publish(tr, joined, 1)
+    before = copy.deepcopy(tr.topology()[0])
+    slow = _interior(tr, 1)
+    tr.demote(slow, "stalls")
+    _check(tr)
+    parents, children = tr.topology()
+    assert not any(children[t].get(slow) for t in range(TREES))
+    assert all(parents[t][slow] == before[t][slow] for t in range(TREES))
+
+
+def test_a_fresh_layout_for_the_next_version_and_when_nothing_is_in_flight():
+    tr, joined = _swarm(16, trusted=range(16))
+    _publish(tr, joined, 1)
+    tr.remove(_interior(tr, 0), "left")
+    repaired = copy.deepcopy(tr.topology())
+    _publish(tr, joined, 2)
+    fresh = tr.topology()
+    tr._layout = None  # what laying out from scratch gives
+    assert fresh == tr.topology() != repaired
+    _publish(tr, joined, 2, complete=True)  # the version is everywhere: changes lay out afresh at once
+    tr.remove(_interior(tr, 1), "left")
+    now = copy.deepcopy(tr.topology())
+    tr._layout = None
+    assert now == tr.topology()
+    _check(tr)
