@@ -69,22 +69,19 @@ class Layout:
             self.moved += 1
 
     def _adopt(self, t: int, pid: str, ranked: Callable[[str | None], bool]) -> None:
-        """Hang pid where a free place gives it the most: a node's places stand for equal shares of its
-        uplink, so one with cap places and k children serves one more at about cap / (k + 1) shares (ties:
-        the shallower). The origin takes it when no place is free."""
+        """Hang pid under the shallowest node with a free place; the origin takes it when none has one."""
         par, kids, depth = self.parents[t], self.children[t], self.depth[t]
         needs_standing = ranked(pid)
         best: str | None = None
-        best_key: tuple[float, int] | None = None
+        best_depth = 1 << 30
         for node, cap in self.caps[t].items():
-            taken = len(kids.get(node, ()))
-            if taken >= cap or node == pid or (node is not None and node not in par):
+            if len(kids.get(node, ())) >= cap or node == pid or (node is not None and node not in par):
                 continue
             if needs_standing and node is not None and not ranked(node):
                 continue  # no fresh key between the origin and a peer with standing
-            key = (-cap / (taken + 1), depth.get(node, 1 << 20))
-            if (best_key is None or key < best_key) and not self._below(t, node, pid):
-                best, best_key = node, key
+            d = depth.get(node, 1 << 20)
+            if d < best_depth and not self._below(t, node, pid):
+                best, best_depth = node, d
         par[pid] = best  # None: no free place left, the origin takes it
         kids[best].append(pid)
         depth[pid] = depth.get(best, 0) + 1
