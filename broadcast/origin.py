@@ -40,10 +40,8 @@ class Origin:
         self,
         root_dir: Path | str,
         keypair: KeyPair,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        fanout: int = 4,
-        keep: int = 3,
+        host: str = "127.0.0.1", port: int = 0,
+        fanout: int = 4, keep: int = 3,
         *,
         trees: int | None = None,
         upload_rate: float | None = None,
@@ -87,6 +85,8 @@ class Origin:
         self._report_limit = KeyedBuckets(1.0, 5.0)  # keys with standing
         self._fresh_report_limit = KeyedBuckets(0.2, 3.0)  # keys without: a report costs the origin a probe
         self._doctor_limit = KeyedBuckets(0.5, 3.0)
+        # once an interval, and at once after a report or a version: more only costs the trainer's CPU
+        self._hb_limit = KeyedBuckets(4.0 / heartbeat_interval, 12.0)
         self._nonces: dict[str, float] = {}
         self._trusted: set[str] = set()  # keys the trainer calls established, kept across tracker restarts
         self._new_version = asyncio.Condition()
@@ -296,6 +296,9 @@ class Origin:
     async def _heartbeat(self, request: web.Request) -> web.Response:
         msg: PeerHeartbeat = await self._body(request, PeerHeartbeat)
         assert self.tracker and self._judge
+        if msg.peer_id in self.tracker.peers and (wait := self._hb_limit.take(msg.peer_id)):
+            self.tracker.count("rate_limited")
+            raise web.HTTPTooManyRequests(text=f"heartbeats come once per interval: retry in {wait:.1f}s")
         out = self._tracker_call(self.tracker.heartbeat, msg, self.latest)
         self._judge.maybe_prove(self.tracker.peers[msg.peer_id])
         return _json(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import aiohttp
 import msgspec
@@ -13,7 +14,7 @@ from aiohttp import web
 from bc_helpers import make_version
 
 from broadcast.identity import reach_answer, sign_join
-from broadcast.messages import Join, Joined, ReachTest, TreeView
+from broadcast.messages import Join, Joined, PeerHeartbeat, ReachTest, TreeView
 from broadcast.origin import Origin
 from broadcast.peer import Peer
 from broadcast.ratelimit import KeyedBuckets
@@ -199,6 +200,33 @@ def test_join_rate_limits_and_capacity(tmp_path):
             per_key = [(await post_join(lab.origin, sign_join(Join(None, False, "k"), k)))[0] for _ in range(6)]
             assert per_key.count(200) == 3 and per_key.count(429) == 3
             assert sum(p.key == k.public_hex for p in lab.origin.tracker.peers.values()) == 1
+
+    run(scenario())
+
+
+def test_a_member_heartbeating_too_often_is_refused_cheaply(tmp_path):
+    """Memberships are bounded, but each could heartbeat as fast as it likes: the origin (in the trainer's
+    process) answers at most a burst, then about four an interval, with 429; other members are not slowed."""
+    async def scenario():
+        async with Lab(tmp_path) as lab:
+            members = []
+            for name in ("loud", "quiet"):
+                code, body = await post_join(lab.origin, sign_join(Join(None, False, name), KeyPair.generate()))
+                assert code == 200
+                members.append(msgspec.json.decode(body, type=Joined))
+            loud, quiet = members
+            async with aiohttp.ClientSession() as s:
+                async def beat(j: Joined) -> int:
+                    async with s.post(lab.origin.url + "/heartbeat",
+                                      data=msgspec.json.encode(PeerHeartbeat(j.peer_id, j.token))) as r:
+                        return r.status
+
+                t0 = time.monotonic()
+                codes = [await beat(loud) for _ in range(60)]
+                allowed = 12 + 4 / 0.3 * (time.monotonic() - t0) + 1  # the burst, then 4 an interval
+                assert 12 <= codes.count(200) <= allowed < 50, (codes, allowed)
+                assert await beat(quiet) == 200
+            assert loud.peer_id in lab.origin.tracker.peers  # refused, not removed
 
     run(scenario())
 
