@@ -21,7 +21,7 @@ MIN_BYTES = 16 << 10  # smaller reports say more about latency than about bandwi
 MIN_SECONDS = 0.005
 MAX_RATE = 100e9 / 8  # no child sees more than 100 Gbit/s from one source
 MAX_SOURCES = 4096  # sources tracked per version (reports name at most 64 each)
-HEADROOM = 0.1  # free places kept for peers arriving, or moved, while a version is in flight
+HEADROOM = 0.1  # places for peers arriving, or moved, while a version is in flight
 
 
 @dataclass
@@ -121,16 +121,21 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
         load[t] += c.uplink
     per_tree = [[c.uplink for c in measured if group[c.peer_id] == t] for t in range(trees)]
     origin_per_tree = origin_uplink / trees if origin_uplink else None
-    r = _rate_target(per_tree, int(len(cands) * (1 + HEADROOM)) + 1, origin_per_tree, cap)
+    # The layout fills places at the rate r that fits everyone; repairs may fill up to the places at the
+    # lower rate that fits 10% more (a relay with spare places gives its children more than r meanwhile).
+    r = _rate_target(per_tree, len(cands), origin_per_tree, cap)
+    r_room = _rate_target(per_tree, int(len(cands) * (1 + HEADROOM)) + 1, origin_per_tree, cap)
     slots = {c.peer_id: min(int(c.uplink // r), cap) for c in measured}
+    room = {c.peer_id: min(int(c.uplink // r_room), cap) for c in measured}
     for c in measured:
         if slots[c.peer_id] == 0:
             group[c.peer_id] = None  # too slow to give even one child the target rate: a leaf everywhere
     newcomers = [c for c in cands if c.capable and not c.uplink and c.group is not None]
     for c in newcomers:
         group[c.peer_id] = c.group
-        slots[c.peer_id] = fanout
+        slots[c.peer_id] = room[c.peer_id] = fanout
     origin_slots = max(1, int(origin_per_tree // r)) if origin_per_tree else 1
+    origin_room = max(1, int(origin_per_tree // r_room)) if origin_per_tree else 1
     parents: list[dict[str, str | None]] = []
     children: list[dict[str | None, list[str]]] = []
     caps: list[dict[str | None, int]] = []
@@ -141,8 +146,8 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
         parents.append(par)
         children.append(kids)
         cap: dict[str | None, int] = {c.peer_id: 0 for c in cands}
-        cap.update({pid: slots[pid] for pid in inner})
-        cap[None] = max(origin_slots, len(kids.get(None, ())))
+        cap.update({pid: room[pid] for pid in inner})
+        cap[None] = max(origin_room, len(kids.get(None, ())))
         caps.append(cap)
     return group, parents, children, caps
 
