@@ -129,7 +129,7 @@ def tree_rows(root: Path) -> list[dict]:
               f"{r['unattacked_s']:>14.2f}{r['delivery_ratio']:>7.2f}")
     for r in rows:
         print(f"  {r['attack']}: {r['attempted']}; " + ", ".join(
-            f"{k}={v}" for k, v in r.items() if k in ("joined", "stallers_interior", "piece_requests_held",
+            f"{k}={v}" for k, v in r.items() if k in ("joined", "stallers_with_children", "piece_requests_held",
                                                        "answers", "codes", "accepted", "peers_held", "seconds")))
     print(f"  tracker's refusals and detections: {rows[-1]['refused']}")
     return rows

@@ -108,9 +108,10 @@ def _rate_target(members: list[list[float]], n: int, origin_per_tree: float | No
     return lo
 
 
-def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_uplink: float | None):
+def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_uplink: float | None,
+                    others: int = 0):
     """-> (group per peer_id, and per tree: parents, children, how many children each may have). `cands` in
-    join order."""
+    join order; `others`: peers hung in the spare places afterwards (fresh keys, as leaves)."""
     cap = max_children(fanout)
     measured = sorted((c for c in cands if c.capable and c.uplink), key=lambda c: -c.uplink)
     load = [0.0] * trees
@@ -124,7 +125,7 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     # The layout fills places at the rate r that fits everyone; repairs may fill up to the places at the
     # lower rate that fits 10% more (a relay with spare places gives its children more than r meanwhile).
     r = _rate_target(per_tree, len(cands), origin_per_tree, cap)
-    r_room = _rate_target(per_tree, int(len(cands) * (1 + HEADROOM)) + 1, origin_per_tree, cap)
+    r_room = _rate_target(per_tree, int((len(cands) + others) * (1 + HEADROOM)) + 1, origin_per_tree, cap)
     slots = {c.peer_id: min(int(c.uplink // r), cap) for c in measured}
     room = {c.peer_id: min(int(c.uplink // r_room), cap) for c in measured}
     for c in measured:

@@ -156,7 +156,9 @@ async def stalling_relays(lab: TreeLab, n: int = 24) -> dict:
     tr = lab.origin.tracker
     stallers = [p for p in tr.peers.values() if p.name == "staller"]
     sources = {u for p in lab.honest().values() for chain in tr.sources(p.peer_id) for u in chain}
-    box.update(joined=out["joined"], stallers_interior=sum(p.group is not None for p in stallers),
+    _, children = tr.topology()
+    box.update(joined=out["joined"], stallers_with_children=sum(any(kids.get(p.peer_id) for kids in children)
+                                                                 for p in stallers),
                piece_requests_held=out["held"])
     # Contained: not a source of any honest relay (a fresh key never sits above a peer with standing).
     contained = sum(p.url not in sources for p in stallers) + (n - len(stallers))
