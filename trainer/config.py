@@ -30,10 +30,10 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     seed: int = 0
     max_shard_bytes: int = 2 * 2**20  # shard size of published versions (HF layout with an index)
     # dtype of published versions; the trainer keeps fp32 master weights either way, and the audit
-    # recomputes with exactly the published weights. bfloat16 halves the bytes every node fetches, but an
-    # update smaller than bf16's resolution does not reach the nodes: measured on SmolLM2 at lr 1e-5
-    # (bench/vs_trl.py, seed 1), held-out accuracy 0.11 at step 4 with bf16 versions against 0.41 in fp32
-    # (seed 0: no difference, both slow).
+    # recomputes with exactly the published weights. bfloat16 halves the bytes every node fetches (and
+    # makes deltas 20x smaller), but an update smaller than bf16's resolution does not reach the nodes:
+    # on SmolLM2 at lr 1e-5, 3 seeds each (docs/benchmarks.md), fp32 reached the target on 3 of 3, bf16 on
+    # 2 of 3 (seed 1 stalled at 0.27 after 12 steps), though bf16 steps were 1.5x faster.
     publish_dtype: Literal["float32", "bfloat16"] = "float32"
 
 
