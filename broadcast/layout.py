@@ -34,7 +34,6 @@ class Layout:
                     depth[c] = depth[node] + 1
                     queue.append(c)
             self.depth.append(depth)
-        self.moved = 0  # peers given a new parent by repairs (for the event log and the simulation)
 
     def topology(self) -> tuple[list[Parents], list[Children]]:
         """The live structures, not copies (every heartbeat reads them): callers must not change them."""
@@ -66,7 +65,6 @@ class Layout:
         for o in sorted(orphans, key=lambda o: -len(self.children[t].get(o, ()))):
             self.parents[t].pop(o, None)
             self._adopt(t, o, ranked)
-            self.moved += 1
 
     def _adopt(self, t: int, pid: str, ranked: Callable[[str | None], bool]) -> None:
         """Hang pid under the shallowest node with a free place; the origin takes it when none has one."""

@@ -53,7 +53,7 @@ class UploadMeter:
         self.estimate: dict[str, float] = {}  # source url -> latest uplink estimate
         self.placed: dict[str, float] = {}  # the estimates the current layout uses
 
-    def note(self, received: dict, now: float = 0.0, reporter: str = "") -> None:
+    def note(self, received: dict, reporter: str = "") -> None:
         for url, r in list(received.items())[:64]:
             if r.bytes <= 0 or r.seconds <= 0:
                 continue

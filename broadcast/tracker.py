@@ -345,7 +345,7 @@ class Tracker:
                         p.demoted = False
                         p.reporters.clear()
         if received:
-            self.uploads.note(received, time.monotonic(), rec.key)
+            self.uploads.note(received, rec.key)
 
     def _measured_layout(self, ordered: list[PeerRec]) -> Layout:
         """Peers with standing (or a measured uplink) are laid out by uplink; fresh keys are leaves in the
