@@ -118,9 +118,10 @@ def cherry_power(sampler: Sampler, task, group_size: int, ks: list[int], ms: lis
 def tree_rows(root: Path) -> list[dict]:
     import asyncio
 
-    from tests.adversarial.tree_attacks import run_all
+    from tests.adversarial.tree_attacks import run_all, stallers_first
 
     rows = asyncio.run(run_all(root / "tree"))
+    rows.append(asyncio.run(stallers_first(root / "tree-first")))
     print(f"\n{'tree attack':<17}{'attempts':>9}{'refused/contained':>19}{'honest banned/evicted/demoted':>31}"
           f"{'delivery s':>12}{'unattacked s':>14}{'ratio':>7}")
     for r in rows:
@@ -130,8 +131,9 @@ def tree_rows(root: Path) -> list[dict]:
     for r in rows:
         print(f"  {r['attack']}: {r['attempted']}; " + ", ".join(
             f"{k}={v}" for k, v in r.items() if k in ("joined", "stallers_with_children", "piece_requests_held",
-                                                       "answers", "codes", "accepted", "peers_held", "seconds")))
-    print(f"  tracker's refusals and detections: {rows[-1]['refused']}")
+                                                       "answers", "codes", "accepted", "peers_held", "seconds",
+                                                       "first_version_s")))
+    print(f"  tracker's refusals and detections: {rows[-2]['refused']}; with stallers first: {rows[-1]['refused']}")
     return rows
 
 

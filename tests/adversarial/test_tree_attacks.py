@@ -41,3 +41,15 @@ def test_what_each_attack_met(rows):
     refused = rows["join_flood"]["refused"]
     assert refused["connect_back_mismatch"] >= 1 and refused["rate_limited"] >= 1
     assert refused["unconfirmed_report"] >= 1
+
+
+def test_stallers_that_join_first_do_not_keep_a_version_from_honest_relays(tmp_path):
+    """Everyone fresh: the stallers sit above honest relays in the first version's layout. Every version
+    still reaches every honest relay, none is harmed, and once the honest relays have shown they upload no
+    staller is anyone's source."""
+    from tests.adversarial.tree_attacks import stallers_first
+
+    r = asyncio.run(stallers_first(tmp_path))
+    assert (r["honest_banned"], r["honest_evicted"], r["honest_demoted"]) == (0, 0, 0), r
+    assert r["honest_under_attacker"] == 0 and r["detected"] == r["attempts"], r
+    assert r["first_version_s"] < 60 and r["delivery_s"] is not None, r

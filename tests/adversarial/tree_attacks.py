@@ -29,10 +29,14 @@ HB = 0.3
 
 # -- the lab: an origin in this process, honest relays as processes -----------------------------------
 class TreeLab:
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, before: tuple[str, ...] = ()):
+        """`before`: an attack (the attacker's arguments) started before the honest relays join."""
         self.tmp = tmp
         self.procs: list[asyncio.subprocess.Process] = []
         self.version = 0
+        self.before = before
+        self.attacker: asyncio.subprocess.Process | None = None
+        self.first_s = 0.0  # how long v1, the first version the honest relays fetch, took
 
     async def __aenter__(self) -> TreeLab:
         from broadcast.origin import Origin
@@ -43,6 +47,8 @@ class TreeLab:
                              upload_rate=RATE, keep=3)
         await self.origin.start()
         self.tracker = self.origin.url
+        if self.before:
+            self.attacker = await start_attacker(self, *self.before)
         env = dict(os.environ, PYTHONPATH=str(REPO))
         for i in range(HONEST):
             log = open(self.tmp / f"honest{i}.log", "ab")
@@ -52,14 +58,14 @@ class TreeLab:
                 "--relay-host", "127.0.0.1", "--upload-rate", str(RATE), "--stall-timeout", "4",
                 cwd=REPO, env=env, stdout=log, stderr=log))
         await self.until(lambda: len(self.honest()) == HONEST, 30, "honest relays to join")
-        await self.deliver()  # v1: the honest relays hold it, and show the origin they upload
+        self.first_s = await self.deliver()  # v1: the honest relays hold it, and show the origin they upload
         await self.until(lambda: all(p.key in self.origin.tracker.proven for p in self.honest().values()), 20,
                          "honest relays to show they upload")
         self.ids = {n: p.peer_id for n, p in self.honest().items()}
         return self
 
     async def __aexit__(self, *exc) -> None:
-        for p in self.procs:
+        for p in [*self.procs, *([self.attacker] if self.attacker else [])]:
             if p.returncode is None:
                 p.kill()
             await p.wait()
@@ -125,28 +131,42 @@ def row(name: str, attempted: str, attempts: int, detected: int, lab: TreeLab, b
 
 
 # -- the attacks ------------------------------------------------------------------------------------------
+async def start_attacker(lab: TreeLab, *args: str) -> asyncio.subprocess.Process:
+    """The attacker process, once it says READY."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(ATTACKER), args[0], lab.tracker, *args[1:],
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                stderr=open(lab.tmp / f"attacker-{args[0]}.log", "ab"))
+    assert proc.stdout
+    line = await asyncio.wait_for(proc.stdout.readline(), 120)
+    assert line.strip() == b"READY", line
+    return proc
+
+
+async def stop_attacker(proc: asyncio.subprocess.Process) -> dict:
+    """Tell it to stop; its report."""
+    assert proc.stdin and proc.stdout
+    try:
+        proc.stdin.write(b"stop\n")
+        await proc.stdin.drain()
+        return json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
 async def attack(lab: TreeLab, *args: str, versions: int = 3) -> tuple[float, float, dict]:
     """Publish `versions` versions unattacked; start the attacker process, publish as many once it says
     READY, stop it: (the median delivery time unattacked, and attacked; its report). The machine is shared,
     so the baseline is measured right before each attack."""
     base = statistics.median([await lab.deliver() for _ in range(versions)])
-    proc = await asyncio.create_subprocess_exec(sys.executable, str(ATTACKER), args[0], lab.tracker, *args[1:],
-                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                stderr=open(lab.tmp / f"attacker-{args[0]}.log", "ab"))
-    assert proc.stdin and proc.stdout
+    proc = await start_attacker(lab, *args)
     try:
-        line = await asyncio.wait_for(proc.stdout.readline(), 120)
-        assert line.strip() == b"READY", line
         await asyncio.sleep(3 * HB)
         t = statistics.median([await lab.deliver() for _ in range(versions)])
         await asyncio.sleep(3 * HB)  # let reports and probes settle before the harm is counted
-        proc.stdin.write(b"stop\n")
-        await proc.stdin.drain()
-        out = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
     finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
+        out = await stop_attacker(proc)
     return base, t, out
 
 
@@ -187,6 +207,31 @@ async def join_flood(lab: TreeLab, n: int = 3000) -> dict:
     return row("join_flood", f"{n} signed joins with fresh keys from one address", n,
                sum(c for k, c in codes.items() if k.isdigit() and k != "200"), lab, base, t, seconds=out["seconds"],
                accepted=codes.get("200", 0), peers_held=len(lab.origin.tracker.peers), codes=codes)
+
+
+async def stallers_first(tmp: Path, n: int = 8, versions: int = 3) -> dict:
+    """Everyone fresh: n stalling relays join before the honest ones. Nothing is measured and nobody has
+    standing yet, so the join-order layout puts stallers above honest relays for the first version; it must
+    still reach them (first-byte deadlines, then the ancestor; reports the origin confirms with its own
+    probe), and once the honest relays have shown they upload they rank above the stallers. The row:
+    versions while the stallers stay, against the same lab after they left."""
+    async with TreeLab(tmp, before=("stall", str(n))) as lab:
+        assert lab.attacker
+        tr = lab.origin.tracker
+        t = statistics.median([await lab.deliver() for _ in range(versions)])
+        await asyncio.sleep(3 * HB)
+        stallers = [p for p in tr.peers.values() if p.name == "staller"]
+        demoted = sum(p.demoted for p in stallers)
+        sources = {u for p in lab.honest().values() for chain in tr.sources(p.peer_id) for u in chain}
+        contained = sum(p.url not in sources for p in stallers) + (n - len(stallers))
+        harm, under = lab.harm(), lab.under_fresh()
+        out = await stop_attacker(lab.attacker)
+        await lab.until(lambda: not any(p.name == "staller" for p in tr.peers.values()), 30, "stallers to go")
+        base = statistics.median([await lab.deliver() for _ in range(versions)])
+        r = row("stallers_first", f"{n} fresh relays join before the honest ones and hold every piece request",
+                n, contained, lab, base, t, first_version_s=lab.first_s, stallers_demoted=demoted,
+                piece_requests_held=out["held"], refused=dict(tr.refused))
+        return r | harm | {"honest_under_attacker": under}  # counted while the stallers were there
 
 
 async def run_all(tmp: Path) -> list[dict]:
