@@ -31,6 +31,7 @@ from bench.simlib.engine import Host, Sim  # noqa: E402
 from bench.simlib.fluid import shardcast, star  # noqa: E402
 from bench.simlib.links import DISTRIBUTIONS, Link, Mbit, draw, fluid_bound  # noqa: E402
 from bench.simlib.swarm import SimPeer, Swarm, simulated_time  # noqa: E402
+from broadcast.delta_publish import delta_piece_size  # noqa: E402
 
 MB = 1e6
 
@@ -130,7 +131,8 @@ def main() -> None:
     ap.add_argument("--designs", nargs="+", default=["tree", "tree-blind", "star", "shardcast"],
                     choices=["tree", "tree-blind", "star", "shardcast"])
     ap.add_argument("--piece-kib", type=int, default=1024, help="as trainer's ServerConfig.piece_bytes")
-    ap.add_argument("--delta-piece-kib", type=int, default=None, help="piece size for deltas (default: same)")
+    ap.add_argument("--delta-piece-kib", type=int, default=None,
+                    help="piece size for deltas (default: the origin's rule, broadcast.delta_publish)")
     ap.add_argument("--warmup-frac", type=float, default=None,
                     help="size of the warm-up version as a share of S (default: the delta's)")
     ap.add_argument("--warmups", type=int, default=3, help="versions sent before the measured one")
@@ -158,8 +160,11 @@ def main() -> None:
            "distribution": DISTRIBUTIONS[args.dist], "rows": []}
     for kind in args.versions:
         size = int(args.size_mb * MB * (args.delta_frac if kind == "delta" else 1.0))
-        pk = args.delta_piece_kib if kind == "delta" and args.delta_piece_kib else args.piece_kib
-        args.piece = (pk << 10) * (args.batch if kind == "full" else 1)
+        if kind == "delta":  # the origin's own rule for a delta's pieces, unless given
+            args.piece = (args.delta_piece_kib << 10 if args.delta_piece_kib
+                          else delta_piece_size(size, args.piece_kib << 10))
+        else:
+            args.piece = (args.piece_kib << 10) * args.batch
         args.warmup_size = int(args.size_mb * MB * (args.warmup_frac or args.delta_frac))
         b0 = fluid_bound(size, origin.up, links)
         churn = plan_churn(random.Random(args.seed + 1), args.n, args.churn, b0 / 2, args.dist)
@@ -178,7 +183,7 @@ def main() -> None:
             r.update(version=kind, size=size, piece=args.piece, design=design, ratio=r["T"] / r["bound"],
                      cpu_s=time.process_time() - t0)
             out["rows"].append(r)
-            print(f"{kind:<7} {size / MB:>7.1f} {pk:>4}Ki {design:<11} {r['T']:>8.2f} {r['bound']:>9.2f} "
+            print(f"{kind:<7} {size / MB:>7.1f} {args.piece >> 10:>4}Ki {design:<11} {r['T']:>8.2f} {r['bound']:>9.2f} "
                   f"{r['ratio']:>8.2f}  {note}; {r['cpu_s']:.0f} s CPU", flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, default=str))
