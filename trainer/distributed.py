@@ -60,6 +60,7 @@ def _is_loopback(host: str) -> bool:
 
 
 _listeners: list[socket.socket] = []
+_stores: list = []  # the rendezvous store we made (not under torchrun), for the leave-taking in shutdown()
 
 
 def _own_store(rank: int, world: int, timeout: timedelta):
@@ -67,10 +68,12 @@ def _own_store(rank: int, world: int, timeout: timedelta):
     server would listen on every interface)."""
     host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT")
     if rank != 0:
-        return dist.TCPStore(host, port, world, False, timeout)
+        _stores.append(dist.TCPStore(host, port, world, False, timeout))
+        return _stores[-1]
     sock = socket.create_server((host, port))
     store = dist.TCPStore(host, port, world, True, timeout, master_listen_fd=sock.fileno())
     _listeners.append(sock)  # open as long as the process: the store serves on it
+    _stores.append(store)
     return store
 
 
@@ -102,8 +105,22 @@ def init_distributed(timeout_s: float = 300.0) -> DistEnv:
 
 
 def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the process group. Without torchrun's agent, rank 0 hosts the store, so it waits (5 s at most)
+    until the others have left before it exits: a rank whose store vanished while it was tearing down
+    aborted once in a full test run ("terminate called without an active exception")."""
+    if not dist.is_initialized():
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    if not _stores:
+        return
+    try:
+        if rank:
+            _stores[-1].set(f"left/{rank}", "1")
+        else:
+            _stores[-1].wait([f"left/{r}" for r in range(1, world)], timedelta(seconds=5))
+    except Exception:  # noqa: BLE001 - a rank already gone, or a store already closed: nothing to wait for
+        pass
 
 
 @contextmanager
