@@ -222,7 +222,7 @@ def test_a_member_heartbeating_too_often_is_refused_cheaply(tmp_path):
                         return r.status
 
                 t0 = time.monotonic()
-                codes = [await beat(loud) for _ in range(60)]
+                codes = list(await asyncio.gather(*(beat(loud) for _ in range(60))))  # at once
                 allowed = 12 + 4 / 0.3 * (time.monotonic() - t0) + 1  # the burst, then 4 an interval
                 assert 12 <= codes.count(200) <= allowed < 50, (codes, allowed)
                 assert await beat(quiet) == 200
