@@ -352,8 +352,8 @@ class Tracker:
         spare places: they may not size the trees (24 fresh relays that never downloaded made the honest
         relays' tree nearly a star, and their versions 2.8x slower)."""
         placed = self.uploads.placed
-        keep = [p for p in ordered if self._ranked(p) or (p.url and p.url in placed)]
-        fresh = [p for p in ordered if not (self._ranked(p) or (p.url and p.url in placed))]
+        sized = {p.peer_id for p in ordered if self._ranked(p) or p.url in placed}
+        keep, fresh = [p for p in ordered if p.peer_id in sized], [p for p in ordered if p.peer_id not in sized]
         cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, placed.get(p.url) if p.url else None)
                  for p in keep]
         group, parents, children, caps = measured_layout(cands, self.trees, self.fanout,

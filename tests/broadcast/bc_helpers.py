@@ -26,6 +26,18 @@ def make_version(d: Path, seed: int, size: int = 1 << 20) -> Path:
     return d
 
 
+def write_pieces(st, src: Path, indices=None, mark: bool = True) -> None:
+    """Copy a partial version's pieces (all, or `indices`) from the directory its manifest was built from,
+    as a peer that fetched them would; `mark`: log each as verified."""
+    for i in range(len(st.pieces)) if indices is None else indices:
+        ref = st.pieces[i]
+        with open(src / ref.path, "rb") as f:
+            f.seek(ref.offset)
+            st.write_piece(i, f.read(ref.size))
+        if mark:
+            st.mark(i)
+
+
 def same_files(a: Path, b: Path) -> bool:
     names = sorted(p.name for p in a.iterdir() if p.name != "manifest.json")
     if names != sorted(p.name for p in b.iterdir() if p.name != "manifest.json"):

@@ -9,6 +9,7 @@ import msgspec
 import numpy as np
 import pytest
 import torch
+from bc_helpers import write_pieces
 from delta_helpers import model_version
 from safetensors.torch import save_file
 
@@ -117,11 +118,7 @@ def test_restart_drops_a_version_whose_rebuilt_file_is_damaged(tmp_path):
     for damage in (False, True):
         store = Store(tmp_path / f"peer{damage}")
         st = store.open_partial(m)
-        for i, ref in enumerate(st.pieces):
-            with open(served / ref.path, "rb") as f:
-                f.seek(ref.offset)
-                st.write_piece(i, f.read(ref.size))
-            st.mark(i)
+        write_pieces(st, served)
         delta.apply(a, st.dir / delta.PAYLOAD, m.target, 1, st.dir)
         path = store.finalize(st)
         if damage:

@@ -9,7 +9,7 @@ import signal
 
 import aiohttp
 import pytest
-from bc_helpers import Cluster, make_version, same_files
+from bc_helpers import Cluster, make_version, same_files, write_pieces
 
 from broadcast.origin import Origin
 from broadcast.peer import FetchError, Peer
@@ -182,12 +182,7 @@ def test_resume_rechecks_logged_pieces(tmp_path):
     m = build_manifest(make_version(tmp_path / "src", 1, 300_000), 1, None, kp, piece_size=64 << 10)
     store = Store(tmp_path / "peer")
     st = store.open_partial(m)
-    src = tmp_path / "src"
-    for i in (0, 1, 2):
-        ref = st.pieces[i]
-        with open(src / ref.path, "rb") as f:
-            f.seek(ref.offset)
-            st.write_piece(i, f.read(ref.size))
+    write_pieces(st, tmp_path / "src", (0, 1, 2), mark=False)
     st.close_fds()
     # Piece 1 is damaged on disk after being logged: resume must re-hash and drop it.
     ref1 = st.pieces[1]
@@ -278,11 +273,7 @@ def test_a_damaged_complete_version_is_dropped_on_restart(tmp_path):
     for damage in (False, True):
         store = Store(tmp_path / f"peer{damage}")
         st = store.open_partial(m)
-        for i, ref in enumerate(st.pieces):
-            with open(src / ref.path, "rb") as f:
-                f.seek(ref.offset)
-                st.write_piece(i, f.read(ref.size))
-            st.mark(i)
+        write_pieces(st, src)
         path = store.finalize(st)
         if damage:
             ref = st.pieces[3]
