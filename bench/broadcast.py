@@ -46,7 +46,8 @@ async def _peer_worker(args: argparse.Namespace) -> None:
 
     def on_done(i: int):
         async def cb(version: int, path: Path) -> None:
-            print(f"DONE {i} {time.time():.6f}", flush=True)
+            bypasses = peers[args.indices.index(i)].bypasses  # pieces asked of an ancestor in parallel
+            print(f"DONE {i} {time.time():.6f} {bypasses}", flush=True)
 
         return cb
 

@@ -210,6 +210,7 @@ def run_row(design: str, n: int, args: argparse.Namespace, tmp: Path, timeout: f
         sent = {p.host.name: p.host.sent_bytes() - sent0[p.host.name] for p in everyone}
         t0 = float(o.has("T0").split()[1])
         done = sorted(float(p.has("DONE").split()[2]) - t0 for p in receivers)
+        bypasses = sum(int(f[3]) for p in receivers if len(f := p.has("DONE").split()) > 3)
         for p in everyone:
             p.send("stop")
         got = [_received(design, root, i) for i in range(n)]
@@ -221,7 +222,7 @@ def run_row(design: str, n: int, args: argparse.Namespace, tmp: Path, timeout: f
     return {"T": T, "first_s": done[0], "p50_s": done[len(done) // 2], "done_s": done,
             "cpu_s": sum(cpu.values()), "cpu_frac_of_2_cores": sum(cpu.values()) / T / 2,
             "cpu_max_proc_s": max(cpu.values()), "machine_idle": 1 - busy,
-            "origin_sent_x_S": sent["origin"] / size, "sent_by_host": sent, "timeline": timeline.series}
+            "origin_sent_x_S": sent["origin"] / size, "bypasses": bypasses, "sent_by_host": sent, "timeline": timeline.series}
 
 
 def _received(design: str, root: Path, i: int) -> bytes:
@@ -271,7 +272,8 @@ def _row(r: dict, n: int, design: str) -> str:
     return (f"{n:>3} {design:<10} {r['T']:>7.2f} {r['ratio']:>8.2f} {'N·S/B' if design == 'star' else 'S/B':>6} "
             f"{r['first_s']:>6.2f}/{r['p50_s']:<7.2f} {r['cpu_frac_of_2_cores'] * 100:>9.0f}% "
             f"{r['cpu_max_proc_s']:>7.1f}s {r['machine_idle'] * 100:>4.0f}% {r['origin_sent_x_S']:>9.2f} S  "
-            f"{cpu_note}CPU {r['cpu_s']:.1f} core-s over all processes")
+            f"{cpu_note}CPU {r['cpu_s']:.1f} core-s over all processes"
+            + (f"; {r['bypasses']} pieces asked of an ancestor too" if design == "tree" else ""))
 
 
 def main() -> None:

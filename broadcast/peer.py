@@ -105,6 +105,10 @@ class Peer(Membership, Sourcing):
         self.received: dict[str, int] = {}
         self.bypasses = 0  # pieces for which an alternate source was asked in parallel
         self._answer_s: float | None = None  # smoothed time to a source's answer
+        self._answer_var = 0.0  # and its smoothed deviation
+        self._piece_s: float | None = None  # smoothed time a piece takes to stream in, first byte to last
+        self._last_heard: dict[str, float] = {}  # per source: when it last answered or sent us bytes
+        self._last_bytes: dict[str, float] = {}  # per source: when it last sent us piece bytes
         self._downloads: dict[int, asyncio.Task] = {}
         self._blacklist: dict[str, float] = {}
         self._received = ReceiveMeter()  # per source: what came and how long it took (placement evidence)

@@ -1,8 +1,9 @@
 """What a peer received from each source, for the tracker's placement (broadcast/placement.py).
 
 Per source URL: bytes of verified pieces, and the seconds during which at least one response from that
-source was streaming (concurrent requests to one source count their overlap once), from the response's
-headers (the source had the piece and started sending) to its last byte. A report covers busy time only
+source was streaming (concurrent requests to one source count their overlap once), from a response's
+first bytes to its last (a relay answers at once and may hold the request until the piece reaches it: that
+wait says nothing of its uplink). A report covers busy time only
 up to the end of the last stream that finished, so a piece still arriving never inflates a rate.
 """
 

@@ -1,9 +1,13 @@
 """Where a peer gets each piece: its parent in that piece's tree, and around a parent that stalls.
 
-A parent that does not answer is bypassed within about a piece time: when the newest request for a piece
-gets no answer (and no bytes) before a short deadline, the next ancestor is asked for the same piece in
-parallel, and the first intact copy wins. A source silent through the whole race is avoided for a while and
-reported; the tracker's own probes decide what happens to it. Mixed into `Peer` (peer.py).
+A parent that does not answer is bypassed quickly: when the newest request for a piece gets no answer
+(headers) before a short deadline, the next ancestor is asked for the same piece in parallel, and the first
+intact copy wins. A parent that answered is alive, and may hold the request until the piece reaches it
+(pipelining): it is bypassed only once it has sent us nothing, on any request, for several piece times. (A
+per-request deadline of a few answer times sent every child whose parent was still receiving a piece around
+it, mostly to the origin: across namespaces at N = 8 the origin sent 5 S and a version took 5x S/B.) A source
+silent through the whole race is avoided for a while and reported; the tracker's own probes decide what
+happens to it. Mixed into `Peer` (peer.py).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("broadcast.peer")
 MAX_FAILURES_PER_PIECE = 20
 TEMP_BLACKLIST_S = 30.0
+SILENT_AVOID_S = 5.0  # a source silent through one race: avoided this long (a loaded honest one recovers)
 RECV_CHUNK = 1 << 20  # a piece arrives in a few reads, not one per 64 KiB
-MIN_FIRST_BYTE_S = 0.25  # never ask an alternate sooner than this (a loaded machine answers late)
+MIN_FIRST_BYTE_S = 0.25  # the shortest first-byte timeout one may set
+IDLE_PIECE_TIMES = 4  # an answered source may send nothing this many piece times before it is gone around
 
 
 class _Try:
@@ -48,11 +54,40 @@ class Sourcing:
         return chain
 
     def _deadline(self: Peer) -> float:
-        """How long a source may stay silent before the next ancestor is asked too: a few times the usual
-        time to an answer, within [MIN_FIRST_BYTE_S, first_byte_timeout]."""
+        """How long a source may leave us unanswered before the next ancestor is asked too: the first-byte
+        timeout, or longer where answers are routinely slower (the usual time to an answer and four times
+        its spread, TCP's retransmission timeout, RFC 6298). Never shorter: across namespaces with tbf
+        uplinks, deadlines of a few answer times (0.3-0.6 s) went around honest parents 60-95 times per
+        version at N = 32, each a piece from an ancestor's uplink, mostly the origin's."""
         if self._answer_s is None:
             return self.first_byte_timeout
-        return min(self.first_byte_timeout, max(MIN_FIRST_BYTE_S, 4 * self._answer_s))
+        rto = self._answer_s + 4 * self._answer_var
+        return min(self.stall_timeout, max(self.first_byte_timeout, rto))
+
+    def _idle_deadline(self: Peer) -> float:
+        """How long a source that answered may send us nothing at all: a few piece times (a parent waits
+        for each piece from its own parent), never under a few first-byte timeouts."""
+        piece_s = self._piece_s if self._piece_s is not None else self.first_byte_timeout
+        return max(IDLE_PIECE_TIMES * self.first_byte_timeout, IDLE_PIECE_TIMES * piece_s)
+
+    def _heard(self: Peer, src: str, now: float, body: bool) -> None:
+        """`src` showed it is alive: it answered a request, or (`body`) sent piece bytes."""
+        for seen in (self._last_heard, self._last_bytes) if body else (self._last_heard,):
+            seen.pop(src, None)  # re-inserted last: the bound forgets the sources quiet the longest
+            seen[src] = now
+            if len(seen) > 256:
+                del seen[next(iter(seen))]
+
+    def _silent_in(self: Peer, tr: _Try) -> float:
+        """Seconds until this try counts as silent (<= 0: it does). Unanswered: its source has not been
+        heard from, on any request, for the answer deadline (a parent streaming us other pieces is alive,
+        however long a new connection's answer waits in its uplink queue). Answered: its source has sent
+        no bytes for the idle deadline."""
+        if not tr.answered:
+            since, wait = self._last_heard.get(tr.src, 0.0), self._deadline()
+        else:
+            since, wait = self._last_bytes.get(tr.src, 0.0), self._idle_deadline()
+        return max(tr.started, since) + wait - time.monotonic()
 
     async def _fetch_piece(self: Peer, st: VersionState, index: int, tree: int) -> None:
         failures = 0
@@ -83,20 +118,14 @@ class Sourcing:
             tries[asyncio.create_task(self._try_source(tr, st, index))] = tr
 
         ask_next()
-        seen = (False, 0)
         try:
             while tries:
-                newest = list(tries.values())[-1]
-                wait = self._deadline() if pos < len(chain) else None
-                done, _ = await asyncio.wait(tries, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                if not done:
-                    if (newest.answered, newest.got) == seen:  # silent since the last look: go around it
-                        self.bypasses += 1
-                        ask_next()
-                        seen = (False, 0)
-                    else:
-                        seen = (newest.answered, newest.got)
+                wait = self._silent_in(list(tries.values())[-1]) if pos < len(chain) else None
+                if wait is not None and wait <= 0:  # the newest request is silent: go around it
+                    self.bypasses += 1
+                    ask_next()
                     continue
+                done, _ = await asyncio.wait(tries, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     tr = tries.pop(task)
                     if task.exception() is not None:
@@ -108,7 +137,6 @@ class Sourcing:
                         return "gone"
                 if not tries and pos < len(chain):
                     ask_next()  # absent or failed there: the next ancestor, now
-                    seen = (False, 0)
             return "failed"
         finally:
             for task in tries:
@@ -118,10 +146,11 @@ class Sourcing:
     def _silent_through(self: Peer, losers, st: VersionState, index: int) -> None:
         """Sources that never answered while another delivered the piece: avoided for a while, reported."""
         for tr in losers:
-            if tr.src == self.tracker_url or tr.answered or time.monotonic() - tr.started < self._deadline():
+            if tr.src == self.tracker_url or self._silent_in(tr) > 0:
                 continue
-            self._blacklist[tr.src] = time.monotonic() + TEMP_BLACKLIST_S
-            detail = f"no answer in {time.monotonic() - tr.started:.2f}s; fetched elsewhere"
+            self._blacklist[tr.src] = time.monotonic() + SILENT_AVOID_S
+            what = "nothing sent" if tr.answered else "no answer"
+            detail = f"{what} in {time.monotonic() - tr.started:.2f}s; fetched elsewhere"
             task = asyncio.create_task(self._report(tr.src, "stall", st.version, index, detail))
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
@@ -137,8 +166,13 @@ class Sourcing:
             async with self._session.get(f"{src}/v/{st.version}/piece/{index}",
                                          headers={"X-Peer": self.peer_id or ""}) as r:
                 tr.answered = True
+                self._heard(src, time.monotonic(), body=False)
                 lat = time.monotonic() - tr.started
-                self._answer_s = lat if self._answer_s is None else 0.8 * self._answer_s + 0.2 * lat
+                if self._answer_s is None:
+                    self._answer_s, self._answer_var = lat, lat / 2
+                else:
+                    self._answer_var = 0.75 * self._answer_var + 0.25 * abs(self._answer_s - lat)
+                    self._answer_s = 0.875 * self._answer_s + 0.125 * lat
                 if r.status == 404:
                     tr.outcome = "absent"
                     return
@@ -148,15 +182,20 @@ class Sourcing:
                     reason, detail = "corrupt", f"length {r.content_length} != {ref.size}"
                 else:
                     chunks = []
-                    self._received.begin(src)
                     try:
                         async for chunk in r.content.iter_chunked(RECV_CHUNK):
+                            now = time.monotonic()
+                            if not chunks:  # a held request is not streaming: busy from its first bytes
+                                self._received.begin(src)
+                                first = now
+                            self._heard(src, now, body=True)
                             chunks.append(chunk)
                             tr.got += len(chunk)
                             if tr.got > ref.size:
                                 break
                     finally:
-                        self._received.end(src)
+                        if chunks:
+                            self._received.end(src)
                     buf = b"".join(chunks)
                     if len(buf) != ref.size:
                         reason, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"
@@ -165,6 +204,8 @@ class Sourcing:
                         reason, detail = "corrupt", "sha256 mismatch"
                     else:
                         tr.outcome = "ok"
+                        took = self._last_bytes[src] - first
+                        self._piece_s = took if self._piece_s is None else 0.8 * self._piece_s + 0.2 * took
                         self._received.credit(src, ref.size)
                         self.received[src] = self.received.pop(src, 0) + ref.size
                         if len(self.received) > 64:

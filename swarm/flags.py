@@ -65,7 +65,8 @@ def add_peer_flags(p: argparse.ArgumentParser, *, data_dir: str | None, key_help
                    "floating IP, a proxy. Without it the tracker reports the address it sees (as STUN does), "
                    "connects back to check it, and makes this peer a download-only leaf if that fails")
     p.add_argument("--first-byte-timeout", type=float, default=1.0,
-                   help="seconds a parent may stay silent on a piece before an ancestor is asked in parallel")
+                   help="seconds a parent may leave a piece request unanswered before an ancestor is asked in "
+                   "parallel (longer where answers are routinely slower)")
 
 
 def add_node_flags(p: argparse.ArgumentParser) -> None:

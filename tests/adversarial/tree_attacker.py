@@ -5,6 +5,7 @@ nothing of ours, only aiohttp, cryptography and json, and follows broadcast/iden
 joins, the connect-back's signed nonce) and the tracker's JSON messages. It prints READY once the attack is
 under way, keeps it up until a line arrives on stdin, then prints one JSON line with what it saw.
   stall N          N relays that pass the connect-back and /health, then hold every piece request forever
+                   (every other one answers at once, as an honest relay holding a piece on its way does)
   reports N V URL...  N members reporting each URL corrupt, stalled and dead (version V), over and over
   hijack URL...    fresh keys joining with these (honest relays') addresses
   flood N          N signed joins with fresh keys, 64 at a time
@@ -68,10 +69,11 @@ async def join(s: aiohttp.ClientSession, tracker: str, ident: Identity, url: str
 
 class Staller:
     """A relay that passes the connect-back (it signs the nonce) and answers /health, then holds every
-    piece request open and never answers it."""
+    piece request open: it never answers, or (`answer`) answers at once and never sends a byte."""
 
-    def __init__(self, ident: Identity):
+    def __init__(self, ident: Identity, answer: bool = False):
         self.ident = ident
+        self.answer = answer
         self.held = 0
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -83,8 +85,12 @@ class Staller:
         async def health(request: web.Request) -> web.Response:
             return web.json_response({"ok": True})
 
-        async def piece(request: web.Request) -> web.Response:
+        async def piece(request: web.Request) -> web.StreamResponse:
             self.held += 1
+            if self.answer:
+                resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+                resp.content_length = 1 << 20
+                await resp.prepare(request)
             await asyncio.sleep(3600)
             return web.Response()
 
@@ -123,7 +129,7 @@ async def stdin_line() -> None:
 
 async def stall(s, tracker: str, n: str) -> dict:
     idents = [Identity() for _ in range(int(n))]
-    stallers = [Staller(i) for i in idents]
+    stallers = [Staller(x, answer=k % 2 == 1) for k, x in enumerate(idents)]
     joined = 0
     for st in stallers:
         await st.start()

@@ -182,8 +182,8 @@ async def stalling_relays(lab: TreeLab, n: int = 24) -> dict:
                piece_requests_held=out["held"])
     # Contained: not a source of any honest relay (a fresh key never sits above a peer with standing).
     contained = sum(p.url not in sources for p in stallers) + (n - len(stallers))
-    return row("stalling_relays", f"{n} fresh relays pass the connect-back, then hold every piece request", n,
-               contained, lab, base, t, **box)
+    return row("stalling_relays", f"{n} fresh relays pass the connect-back, then hold every piece request "
+               "(half of them answering first)", n, contained, lab, base, t, **box)
 
 
 async def false_reports(lab: TreeLab, n: int = 20) -> dict:
@@ -228,8 +228,8 @@ async def stallers_first(tmp: Path, n: int = 8, versions: int = 3) -> dict:
         out = await stop_attacker(lab.attacker)
         await lab.until(lambda: not any(p.name == "staller" for p in tr.peers.values()), 30, "stallers to go")
         base = statistics.median([await lab.deliver() for _ in range(versions)])
-        r = row("stallers_first", f"{n} fresh relays join before the honest ones and hold every piece request",
-                n, contained, lab, base, t, first_version_s=lab.first_s, stallers_demoted=demoted,
+        r = row("stallers_first", f"{n} fresh relays join before the honest ones and hold every piece request "
+                "(half of them answering first)", n, contained, lab, base, t, first_version_s=lab.first_s, stallers_demoted=demoted,
                 piece_requests_held=out["held"], refused=dict(tr.refused))
         return r | harm | {"honest_under_attacker": under}  # counted while the stallers were there
 

@@ -1,0 +1,122 @@
+"""When a peer goes around its parent for a piece (broadcast/sourcing.py), over real HTTP: a parent that
+answered is alive and may hold a request until the piece reaches it, so only a source that has sent
+nothing for several piece times, or left us unanswered past the first-byte deadline while sending nothing
+else, is gone around. The parent here is a fake (an aiohttp server serving the origin's real bytes on a
+schedule); the origin and the peer are the real ones."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from aiohttp import web
+from bc_helpers import make_version
+
+from broadcast.origin import Origin
+from broadcast.peer import Peer
+from swarm_common.keys import KeyPair
+
+pytestmark = pytest.mark.timeout(60)
+FIRST_BYTE = 0.5  # the peer's first-byte timeout: the idle deadline is 4x this before pieces are timed
+
+
+class Parent:
+    """Serves the origin's pieces of one version. `hold`: seconds after its answer before the bytes
+    (None: never); `answer_after`: seconds before the answer itself (None: never); both per piece index,
+    with `default` for the others; `pace`: seconds the body takes to stream."""
+
+    def __init__(self, origin: Origin, hold=None, answer_after=None, pace: float = 0.0):
+        self.origin, self.hold, self.answer_after, self.pace = origin, hold or {}, answer_after or {}, pace
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def piece(self, request: web.Request) -> web.StreamResponse:
+        v, i = int(request.match_info["v"]), int(request.match_info["i"])
+        ref = self.origin.versions[v].pieces[i]
+        delay = self.answer_after.get(i, 0.0)
+        if delay is None:
+            await asyncio.sleep(3600)
+        await asyncio.sleep(delay)
+        resp = web.StreamResponse()
+        resp.content_length = ref.size
+        await resp.prepare(request)
+        hold = self.hold.get(i, 0.0)
+        if hold is None:
+            await asyncio.sleep(3600)
+        await asyncio.sleep(hold)
+        data = b"".join(self.origin.versions[v].read_chunks(i))
+        step = len(data) // 8
+        for k in range(0, len(data), step):
+            await resp.write(data[k:k + step])
+            await asyncio.sleep(self.pace / 8)
+        await resp.write_eof()
+        return resp
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.add_routes([web.get("/v/{v}/piece/{i}", self.piece)])
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+
+async def race(tmp_path, parent_kw: dict, pieces: list[int]) -> tuple[Peer, Parent, list[str], float, str]:
+    """Fetch `pieces` at once through [fake parent, origin]; the peer, the parent, each piece's outcome, the
+    seconds it all took, and the origin's URL."""
+    key = KeyPair.generate()
+    o = Origin(tmp_path / "origin", key, heartbeat_interval=0.3, piece_size=64 << 10)
+    await o.start()
+    await o.publish(make_version(tmp_path / "origin" / "v1", 1, 1 << 20), 1, None)
+    parent = Parent(o, **parent_kw)
+    await parent.start()
+    peer = Peer(o.url, tmp_path / "p", key.public_bytes, relay=False, follow=False, stall_timeout=20,
+                first_byte_timeout=FIRST_BYTE)
+    try:
+        await peer.start()
+        take, peer._received.take = peer._received.take, dict  # heartbeats leave the evidence to us
+        st = await asyncio.to_thread(peer.store.open_partial, await peer._get_manifest(1))
+        t0 = time.monotonic()
+        outcomes = await asyncio.gather(*(peer._race(st, i, [parent.url, o.url]) for i in pieces))
+        peer.evidence = take()  # type: ignore[attr-defined]
+        return peer, parent, list(outcomes), time.monotonic() - t0, o.url
+    finally:
+        await peer.stop()
+        await parent.runner.cleanup()  # type: ignore[union-attr]
+        await o.stop()
+
+
+def test_a_parent_holding_a_piece_on_its_way_is_waited_for(tmp_path):
+    """It answers at once and sends the piece 1.5 s later (three first-byte timeouts: a deadline counted
+    per request went around it, to the origin)."""
+    peer, parent, outcomes, took, origin = asyncio.run(race(tmp_path, {"hold": {0: 1.5}}, [0]))
+    assert outcomes == ["ok"] and peer.bypasses == 0
+    assert list(peer.received) == [parent.url], peer.received
+    assert took >= 1.5
+    # Placement's evidence of its uplink counts the seconds it was sending, not the hold.
+    assert peer.evidence[parent.url].seconds < 0.5, peer.evidence
+
+
+def test_a_parent_that_answers_and_never_sends_is_gone_around(tmp_path):
+    peer, parent, outcomes, took, origin = asyncio.run(race(tmp_path, {"hold": {0: None}}, [0]))
+    assert outcomes == ["ok"] and peer.bypasses == 1
+    assert list(peer.received) == [origin]
+    assert 4 * FIRST_BYTE <= took < 4 * FIRST_BYTE + 2  # the idle deadline, not the stall timeout
+    assert parent.url in peer._blacklist  # avoided for a while (and reported)
+
+
+def test_a_parent_that_never_answers_is_gone_around_at_the_first_byte_deadline(tmp_path):
+    peer, parent, outcomes, took, origin = asyncio.run(race(tmp_path, {"answer_after": {0: None}}, [0]))
+    assert outcomes == ["ok"] and peer.bypasses == 1 and list(peer.received) == [origin]
+    assert FIRST_BYTE <= took < FIRST_BYTE + 1.5
+
+
+def test_a_late_answer_from_a_parent_that_is_sending_other_pieces_is_waited_for(tmp_path):
+    """Piece 1's answer waits 1.2 s (behind a full uplink queue, say) while piece 0 streams for 2 s: the
+    parent is alive, so piece 1 is not asked of the origin."""
+    kw = {"answer_after": {1: 1.2}, "pace": 2.0}
+    peer, parent, outcomes, took, origin = asyncio.run(race(tmp_path, kw, [0, 1]))
+    assert outcomes == ["ok", "ok"] and peer.bypasses == 0
+    assert list(peer.received) == [parent.url], peer.received
