@@ -106,9 +106,11 @@ class Peer(Membership, Sourcing):
         self.bypasses = 0  # pieces for which an alternate source was asked in parallel
         self._answer_s: float | None = None  # smoothed time to a source's answer
         self._answer_var = 0.0  # and its smoothed deviation
-        self._piece_s: float | None = None  # smoothed time a piece takes to stream in, first byte to last
+        self._latency_s: float | None = None  # smoothed time from asking for a piece to holding it
+        self._pieces_in = 0  # verified pieces received, from anyone
         self._last_heard: dict[str, float] = {}  # per source: when it last answered or sent us bytes
-        self._last_bytes: dict[str, float] = {}  # per source: when it last sent us piece bytes
+        # per source: when it last sent us piece bytes, and _pieces_in then
+        self._last_bytes: dict[str, tuple[float, int]] = {}
         self._downloads: dict[int, asyncio.Task] = {}
         self._blacklist: dict[str, float] = {}
         self._received = ReceiveMeter()  # per source: what came and how long it took (placement evidence)

@@ -41,7 +41,7 @@ async def serve_piece(
     # verified): the child sees this source is alive, and can tell it from one that never answers.
     try:
         await resp.prepare(request)
-    except ConnectionResetError:  # the child gave up already (it got the piece elsewhere)
+    except ConnectionError:  # the child gave up already (it got the piece elsewhere)
         return resp
     if not await st.wait_piece(index, wait_timeout):
         log.info("v%d piece %d did not arrive in %.0fs; cutting the answer short", version, index, wait_timeout)
@@ -57,7 +57,7 @@ async def serve_piece(
         # Retention removed it mid-send; the child sees a short body and goes elsewhere.
         log.info("v%d piece %d vanished while serving", version, index)
         raise
-    except ConnectionResetError:  # aiohttp's ClientConnectionResetError too: the child went away
+    except ConnectionError:  # reset, or aiohttp's "Connection lost": the child went away (it got it elsewhere)
         log.debug("child hung up during v%d piece %d", version, index)
         return resp
     await resp.write_eof()

@@ -1,13 +1,15 @@
 """Where a peer gets each piece: its parent in that piece's tree, and around a parent that stalls.
 
 A parent that does not answer is bypassed quickly: when the newest request for a piece gets no answer
-(headers) before a short deadline, the next ancestor is asked for the same piece in parallel, and the first
-intact copy wins. A parent that answered is alive, and may hold the request until the piece reaches it
-(pipelining): it is bypassed only once it has sent us nothing, on any request, for several piece times. (A
-per-request deadline of a few answer times sent every child whose parent was still receiving a piece around
-it, mostly to the origin: across namespaces at N = 8 the origin sent 5 S and a version took 5x S/B.) A source
-silent through the whole race is avoided for a while and reported; the tracker's own probes decide what
-happens to it. Mixed into `Peer` (peer.py).
+(headers) before the first-byte deadline, and its source sent nothing else meanwhile, the next ancestor is
+asked for the same piece in parallel, and the first intact copy wins. A parent that answered is alive, and
+may hold the request until the piece reaches it (pipelining): it is gone around only once it has sent us
+nothing, on any request, while 4 pieces per tree came from elsewhere (it lags its peers in the other trees
+by 4 rounds, whatever the rates), or for 4 of our usual piece latencies (the stall timeout before one has
+been measured). Deadlines of a few answer times, per request, went around honest parents still receiving
+a piece, mostly to the origin: across namespaces at N = 8 the origin sent 4.8 S and a version took 4.9x S/B.
+A source silent through the whole race is avoided for a while and reported; the tracker's own probes decide
+what happens to it. Mixed into `Peer` (peer.py).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ TEMP_BLACKLIST_S = 30.0
 SILENT_AVOID_S = 5.0  # a source silent through one race: avoided this long (a loaded honest one recovers)
 RECV_CHUNK = 1 << 20  # a piece arrives in a few reads, not one per 64 KiB
 MIN_FIRST_BYTE_S = 0.25  # the shortest first-byte timeout one may set
-IDLE_PIECE_TIMES = 4  # an answered source may send nothing this many piece times before it is gone around
+IDLE_ROUNDS = 4  # an answered source may send nothing while this many pieces per tree come from elsewhere
+POLL_S = 0.2  # how often a race looks again whether its newest request has fallen that far behind
 
 
 class _Try:
@@ -43,6 +46,7 @@ class _Try:
         self.got = 0  # body bytes so far
         self.started = time.monotonic()
         self.outcome = ""
+        self.pieces_at_start = 0  # the peer's verified-piece count when it was sent
 
 
 class Sourcing:
@@ -64,30 +68,31 @@ class Sourcing:
         rto = self._answer_s + 4 * self._answer_var
         return min(self.stall_timeout, max(self.first_byte_timeout, rto))
 
-    def _idle_deadline(self: Peer) -> float:
-        """How long a source that answered may send us nothing at all: a few piece times (a parent waits
-        for each piece from its own parent), never under a few first-byte timeouts."""
-        piece_s = self._piece_s if self._piece_s is not None else self.first_byte_timeout
-        return max(IDLE_PIECE_TIMES * self.first_byte_timeout, IDLE_PIECE_TIMES * piece_s)
-
     def _heard(self: Peer, src: str, now: float, body: bool) -> None:
         """`src` showed it is alive: it answered a request, or (`body`) sent piece bytes."""
-        for seen in (self._last_heard, self._last_bytes) if body else (self._last_heard,):
+        for seen, mark in ((self._last_heard, now), (self._last_bytes, (now, self._pieces_in)))[:1 + body]:
             seen.pop(src, None)  # re-inserted last: the bound forgets the sources quiet the longest
-            seen[src] = now
+            seen[src] = mark
             if len(seen) > 256:
                 del seen[next(iter(seen))]
 
-    def _silent_in(self: Peer, tr: _Try) -> float:
-        """Seconds until this try counts as silent (<= 0: it does). Unanswered: its source has not been
-        heard from, on any request, for the answer deadline (a parent streaming us other pieces is alive,
-        however long a new connection's answer waits in its uplink queue). Answered: its source has sent
-        no bytes for the idle deadline."""
+    def _silent(self: Peer, tr: _Try) -> float:
+        """0 when this try counts as silent, else a time to look again. Unanswered: its source has not
+        been heard from, on any request, for the answer deadline (a parent streaming us other pieces is
+        alive, however long a new connection's answer waits in its uplink queue). Answered: its source has
+        sent no bytes for a few first-byte timeouts and either IDLE_ROUNDS pieces per tree came from
+        elsewhere meanwhile, or IDLE_ROUNDS of our usual piece latencies passed."""
+        now = time.monotonic()
         if not tr.answered:
-            since, wait = self._last_heard.get(tr.src, 0.0), self._deadline()
-        else:
-            since, wait = self._last_bytes.get(tr.src, 0.0), self._idle_deadline()
-        return max(tr.started, since) + wait - time.monotonic()
+            return max(0.0, max(tr.started, self._last_heard.get(tr.src, 0.0)) + self._deadline() - now)
+        since, count = max((tr.started, tr.pieces_at_start), self._last_bytes.get(tr.src, (0.0, 0)))
+        if (left := since + IDLE_ROUNDS * self.first_byte_timeout - now) > 0:
+            return left
+        if self._pieces_in - count >= IDLE_ROUNDS * self.trees:
+            return 0.0
+        limit = self.stall_timeout if self._latency_s is None else IDLE_ROUNDS * self._latency_s
+        left = since + limit - now
+        return 0.0 if left <= 0 else min(left, POLL_S)
 
     async def _fetch_piece(self: Peer, st: VersionState, index: int, tree: int) -> None:
         failures = 0
@@ -114,14 +119,15 @@ class Sourcing:
         def ask_next() -> None:
             nonlocal pos
             tr = _Try(chain[pos])
+            tr.pieces_at_start = self._pieces_in
             pos += 1
             tries[asyncio.create_task(self._try_source(tr, st, index))] = tr
 
         ask_next()
         try:
             while tries:
-                wait = self._silent_in(list(tries.values())[-1]) if pos < len(chain) else None
-                if wait is not None and wait <= 0:  # the newest request is silent: go around it
+                wait = self._silent(list(tries.values())[-1]) if pos < len(chain) else None
+                if wait == 0:  # the newest request is silent: go around it
                     self.bypasses += 1
                     ask_next()
                     continue
@@ -146,7 +152,7 @@ class Sourcing:
     def _silent_through(self: Peer, losers, st: VersionState, index: int) -> None:
         """Sources that never answered while another delivered the piece: avoided for a while, reported."""
         for tr in losers:
-            if tr.src == self.tracker_url or self._silent_in(tr) > 0:
+            if tr.src == self.tracker_url or self._silent(tr) > 0:
                 continue
             self._blacklist[tr.src] = time.monotonic() + SILENT_AVOID_S
             what = "nothing sent" if tr.answered else "no answer"
@@ -187,7 +193,6 @@ class Sourcing:
                             now = time.monotonic()
                             if not chunks:  # a held request is not streaming: busy from its first bytes
                                 self._received.begin(src)
-                                first = now
                             self._heard(src, now, body=True)
                             chunks.append(chunk)
                             tr.got += len(chunk)
@@ -204,8 +209,9 @@ class Sourcing:
                         reason, detail = "corrupt", "sha256 mismatch"
                     else:
                         tr.outcome = "ok"
-                        took = self._last_bytes[src] - first
-                        self._piece_s = took if self._piece_s is None else 0.8 * self._piece_s + 0.2 * took
+                        self._pieces_in += 1
+                        took = time.monotonic() - tr.started  # held, then streamed
+                        self._latency_s = took if self._latency_s is None else 0.8 * self._latency_s + 0.2 * took
                         self._received.credit(src, ref.size)
                         self.received[src] = self.received.pop(src, 0) + ref.size
                         if len(self.received) > 64:

@@ -18,7 +18,7 @@ from broadcast.peer import Peer
 from swarm_common.keys import KeyPair
 
 pytestmark = pytest.mark.timeout(60)
-FIRST_BYTE = 0.5  # the peer's first-byte timeout: the idle deadline is 4x this before pieces are timed
+FIRST_BYTE = 0.5  # the peer's first-byte timeout
 
 
 class Parent:
@@ -63,9 +63,10 @@ class Parent:
         self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
 
-async def race(tmp_path, parent_kw: dict, pieces: list[int]) -> tuple[Peer, Parent, list[str], float, str]:
-    """Fetch `pieces` at once through [fake parent, origin]; the peer, the parent, each piece's outcome, the
-    seconds it all took, and the origin's URL."""
+async def race(tmp_path, parent_kw: dict, pieces: list[int], before=(), alongside=(), latency_s=None):
+    """Fetch `pieces` at once through [fake parent, origin] (first `before` from the origin alone, and
+    `alongside` from the origin at the same time); the peer, the parent, each of `pieces`' outcomes, the
+    seconds they took, and the origin's URL."""
     key = KeyPair.generate()
     o = Origin(tmp_path / "origin", key, heartbeat_interval=0.3, piece_size=64 << 10)
     await o.start()
@@ -78,10 +79,19 @@ async def race(tmp_path, parent_kw: dict, pieces: list[int]) -> tuple[Peer, Pare
         await peer.start()
         take, peer._received.take = peer._received.take, dict  # heartbeats leave the evidence to us
         st = await asyncio.to_thread(peer.store.open_partial, await peer._get_manifest(1))
+        for i in before:
+            assert await peer._race(st, i, [o.url]) == "ok"
+        if latency_s is not None:
+            peer._latency_s = latency_s
         t0 = time.monotonic()
-        outcomes = await asyncio.gather(*(peer._race(st, i, [parent.url, o.url]) for i in pieces))
+
+        async def timed() -> list[str]:
+            out = await asyncio.gather(*(peer._race(st, i, [parent.url, o.url]) for i in pieces))
+            return list(out), time.monotonic() - t0
+
+        (outcomes, took), *_ = await asyncio.gather(timed(), *(peer._race(st, i, [o.url]) for i in alongside))
         peer.evidence = take()  # type: ignore[attr-defined]
-        return peer, parent, list(outcomes), time.monotonic() - t0, o.url
+        return peer, parent, outcomes, took, o.url
     finally:
         await peer.stop()
         await parent.runner.cleanup()  # type: ignore[union-attr]
@@ -99,11 +109,18 @@ def test_a_parent_holding_a_piece_on_its_way_is_waited_for(tmp_path):
     assert peer.evidence[parent.url].seconds < 0.5, peer.evidence
 
 
-def test_a_parent_that_answers_and_never_sends_is_gone_around(tmp_path):
-    peer, parent, outcomes, took, origin = asyncio.run(race(tmp_path, {"hold": {0: None}}, [0]))
+@pytest.mark.parametrize("yardstick", ["latency", "other trees"])
+def test_a_parent_that_answers_and_never_sends_is_gone_around(tmp_path, yardstick):
+    """Gone around once it lags: 4 of our usual piece latencies (pieces fetched before), or 4 pieces per
+    tree from elsewhere while it sent nothing (pieces fetched alongside); never before 4 first-byte
+    timeouts, and long before the stall timeout (20 s)."""
+    # With the other trees as the yardstick, a usual latency of 1000 s (a slow version before) rules the
+    # time out: only their pieces can tell.
+    kw = {"before": range(1, 9)} if yardstick == "latency" else {"alongside": range(1, 21), "latency_s": 1e3}
+    peer, parent, outcomes, took, origin = asyncio.run(race(tmp_path, {"hold": {0: None}}, [0], **kw))
     assert outcomes == ["ok"] and peer.bypasses == 1
     assert list(peer.received) == [origin]
-    assert 4 * FIRST_BYTE <= took < 4 * FIRST_BYTE + 2  # the idle deadline, not the stall timeout
+    assert 4 * FIRST_BYTE <= took < 4 * FIRST_BYTE + 2
     assert parent.url in peer._blacklist  # avoided for a while (and reported)
 
 
