@@ -1,56 +1,42 @@
 """What a peer received from each source, for the tracker's placement (broadcast/placement.py).
 
-Per source URL: bytes of verified pieces, and the seconds during which at least one response from that
-source was streaming (concurrent requests to one source count their overlap once), from a response's
-first bytes to its last (a relay answers at once and may hold the request until the piece reaches it: that
-wait says nothing of its uplink). A report covers busy time only
-up to the end of the last stream that finished, so a piece still arriving never inflates a rate.
+Per source URL: bytes of verified pieces, and the seconds during which that source was sending to us
+(responses that overlap count their overlap once). A response is timed when it ends, from when the source
+began sending it to its last byte: a relay answers at once and may hold the request until the piece
+reaches it, and that wait says nothing of its uplink. So a report covers finished responses only, and a
+piece still arriving never inflates a rate.
 """
 
 from __future__ import annotations
-
-import time
-from collections.abc import Callable
 
 from .messages import Received
 
 
 class _Source:
-    __slots__ = ("bytes", "busy", "open", "since", "at_last_end", "reported")
+    __slots__ = ("bytes", "busy", "covered", "reported")
 
     def __init__(self) -> None:
         self.bytes = 0  # verified, since the last report
-        self.busy = 0.0  # cumulative seconds with a stream open, closed spans only
-        self.open = 0
-        self.since = 0.0
-        self.at_last_end = 0.0  # cumulative busy seconds when a stream last ended
+        self.busy = 0.0  # cumulative seconds sending to us
+        self.covered = float("-inf")  # the latest end of a span counted
         self.reported = 0.0  # cumulative busy seconds already reported
 
 
 class ReceiveMeter:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._m: dict[str, _Source] = {}
 
-    def begin(self, url: str) -> None:
+    def span(self, url: str, start: float, end: float) -> None:
+        """The source sent us one response over [start, end] (times on one clock)."""
         m = self._m.get(url)
         if m is None:
             m = self._m[url] = _Source()
-        if m.open == 0:
-            m.since = self._clock()
-        m.open += 1
-
-    def end(self, url: str) -> None:
-        m, now = self._m[url], self._clock()
-        m.open -= 1
-        if m.open == 0:
-            m.busy += now - m.since
-            m.at_last_end = m.busy
-        else:
-            m.at_last_end = m.busy + now - m.since
+        if end > m.covered:  # responses end about in order: what an earlier one covered is not counted again
+            m.busy += end - max(start, m.covered)
+            m.covered = end
 
     def credit(self, url: str, verified_bytes: int) -> None:
-        """Count a piece once its hash matched (after end())."""
+        """Count a piece once its hash matched (after its span)."""
         m = self._m.get(url)
         if m is not None:
             m.bytes += verified_bytes
@@ -60,8 +46,17 @@ class ReceiveMeter:
         out = {}
         for url, m in list(self._m.items()):
             if m.bytes > 0 and len(out) < 64:
-                out[url] = Received(m.bytes, round(min(m.at_last_end - m.reported, 3600.0), 4))
-                m.bytes, m.reported = 0, m.at_last_end
-            elif m.open == 0 and m.bytes == 0:
+                out[url] = Received(m.bytes, round(min(m.busy - m.reported, 3600.0), 4))
+                m.bytes, m.reported = 0, m.busy
+            elif m.bytes == 0 and m.busy == m.reported:
                 del self._m[url]
         return out
+
+
+def sending_started(answered: float, first_at: float, last_at: float, first_bytes: int, total: int) -> float:
+    """When the source began sending a response whose first `first_bytes` of `total` arrived together at
+    `first_at` and the last at `last_at`: back from the first arrival by the time the first bytes took at
+    the rate of the rest. One read only: no rate to go by, so the answer's time (which counts a hold)."""
+    if total <= first_bytes or last_at <= first_at:
+        return answered
+    return max(answered, first_at - (last_at - first_at) * first_bytes / (total - first_bytes))

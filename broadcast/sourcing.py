@@ -6,7 +6,7 @@ asked for the same piece in parallel, and the first intact copy wins. A parent t
 may hold the request until the piece reaches it (pipelining): it is gone around only once it has sent us
 nothing, on any request, while 4 pieces per tree came from elsewhere (it lags its peers in the other trees
 by 4 rounds, whatever the rates), or for 4 of our usual piece latencies (the stall timeout before one has
-been measured). Deadlines of a few answer times, per request, went around honest parents still receiving
+been measured), and never sooner than had it not answered. Deadlines of a few answer times, per request, went around honest parents still receiving
 a piece, mostly to the origin: across namespaces at N = 8 the origin sent 4.8 S and a version took 4.9x S/B.
 A source silent through the whole race is avoided for a while and reported; the tracker's own probes decide
 what happens to it. Mixed into `Peer` (peer.py).
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from .membership import Evicted, FetchError
+from .receive_meter import sending_started
 
 if TYPE_CHECKING:
     from .peer import Peer
@@ -80,13 +81,13 @@ class Sourcing:
         """0 when this try counts as silent, else a time to look again. Unanswered: its source has not
         been heard from, on any request, for the answer deadline (a parent streaming us other pieces is
         alive, however long a new connection's answer waits in its uplink queue). Answered: its source has
-        sent no bytes for a few first-byte timeouts and either IDLE_ROUNDS pieces per tree came from
-        elsewhere meanwhile, or IDLE_ROUNDS of our usual piece latencies passed."""
+        sent no bytes for the answer deadline and either IDLE_ROUNDS pieces per tree came from elsewhere
+        meanwhile, or IDLE_ROUNDS of our usual piece latencies passed."""
         now = time.monotonic()
         if not tr.answered:
             return max(0.0, max(tr.started, self._last_heard.get(tr.src, 0.0)) + self._deadline() - now)
         since, count = max((tr.started, tr.pieces_at_start), self._last_bytes.get(tr.src, (0.0, 0)))
-        if (left := since + IDLE_ROUNDS * self.first_byte_timeout - now) > 0:
+        if (left := since + self._deadline() - now) > 0:  # never sooner than had it not answered
             return left
         if self._pieces_in - count >= IDLE_ROUNDS * self.trees:
             return 0.0
@@ -188,19 +189,21 @@ class Sourcing:
                     reason, detail = "corrupt", f"length {r.content_length} != {ref.size}"
                 else:
                     chunks = []
+                    answered = first_at = now = time.monotonic()
                     try:
                         async for chunk in r.content.iter_chunked(RECV_CHUNK):
                             now = time.monotonic()
-                            if not chunks:  # a held request is not streaming: busy from its first bytes
-                                self._received.begin(src)
+                            if not chunks:
+                                first_at = now
                             self._heard(src, now, body=True)
                             chunks.append(chunk)
                             tr.got += len(chunk)
                             if tr.got > ref.size:
                                 break
                     finally:
-                        if chunks:
-                            self._received.end(src)
+                        if chunks:  # placement's evidence: how long it was sending, not holding
+                            self._received.span(src, sending_started(answered, first_at, now, len(chunks[0]),
+                                                                     tr.got), now)
                     buf = b"".join(chunks)
                     if len(buf) != ref.size:
                         reason, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"

@@ -108,7 +108,7 @@ class Swarm:
     # -- membership -------------------------------------------------------------------------------------
     def arrive(self, p: SimPeer) -> None:
         self.peers[p.url] = p
-        p.meter = ReceiveMeter(lambda: self.sim.now)
+        p.meter = ReceiveMeter()
         self.sim.after(p.host.lat + self.origin.lat, self._join, p)
 
     def _join(self, p: SimPeer) -> None:
@@ -227,7 +227,7 @@ class Swarm:
         url = chain[pos]
         src = self.host_of(url)
         # req: peer, tree, piece, failures, chain, pos, still-waiting, source url
-        req = [p, t, i, failures, chain, pos, True, url]
+        req = [p, t, i, failures, chain, pos, True, url, 0.0]  # [8]: when the source began sending
         lat = self._lat(p.host, src) if src else p.host.lat
         self.sim.after(lat, self._at_source, req, src)
 
@@ -259,13 +259,13 @@ class Swarm:
         req[6] = False
         if not p.host.alive:
             return
-        p.meter.begin(req[7])
+        req[8] = self.sim.now
         size = self._piece_size(p.version, req[2])
         self.net.start(src, p.host, size, lambda x, ok, r=req: self._sent(r, ok))
 
     def _sent(self, req: list, ok: bool) -> None:
         p = req[0]
-        p.meter.end(req[7])
+        p.meter.span(req[7], req[8], self.sim.now)
         if ok:
             p.meter.credit(req[7], self._piece_size(p.version, req[2]))
         src = self.host_of(req[7])
@@ -294,7 +294,7 @@ class Swarm:
     on_all_done = None
 
     def _failed(self, req: list, reason: str) -> None:
-        p, t, i, failures, chain, pos, _, url = req
+        p, t, i, failures, chain, pos, _, url, _ = req
         if not p.host.alive or p.version != self.latest:
             return
         if url != self.origin_url:

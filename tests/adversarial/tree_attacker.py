@@ -89,8 +89,7 @@ class Staller:
             self.held += 1
             if self.answer:
                 resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-                resp.content_length = 1 << 20
-                await resp.prepare(request)
+                await resp.prepare(request)  # chunked: no length that could give it away
             await asyncio.sleep(3600)
             return web.Response()
 

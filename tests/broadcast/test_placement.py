@@ -6,7 +6,7 @@ import copy
 
 from broadcast.messages import Join, PeerHeartbeat, Received
 from broadcast.placement import Candidate, UploadMeter, max_children, measured_layout
-from broadcast.receive_meter import ReceiveMeter
+from broadcast.receive_meter import ReceiveMeter, sending_started
 from broadcast.tracker import Tracker
 
 Mbit = 1e6 / 8
@@ -58,26 +58,26 @@ def test_meter_credits_only_what_reports_prove():
     assert not m.new_epoch(1, {"http://a:1"})
 
 
-def test_receive_meter_counts_overlap_once_and_never_a_piece_in_flight():
-    now = [0.0]
-    rm = ReceiveMeter(clock=lambda: now[0])
-    rm.begin("u")
-    rm.begin("u")
-    now[0] = 1.0
-    rm.end("u")
+def test_receive_meter_counts_overlap_once_and_only_finished_responses():
+    rm = ReceiveMeter()
+    rm.span("u", 0.0, 1.0)
     rm.credit("u", 1000)
-    rm.begin("u")
-    now[0] = 2.0
-    rm.end("u")
+    rm.span("u", 0.5, 2.0)  # overlaps the first: [0.5, 1] is not counted twice
     rm.credit("u", 1000)
-    now[0] = 5.0  # the third stream is still open: its 3 s are not reported yet
-    got = rm.take()["u"]
+    got = rm.take()["u"]  # a third response still arriving is in no span yet
     assert got.bytes == 2000 and abs(got.seconds - 2.0) < 1e-9
-    now[0] = 6.0
-    rm.end("u")
+    rm.span("u", 4.0, 6.0)
     rm.credit("u", 500)
     got = rm.take()["u"]
-    assert got.bytes == 500 and abs(got.seconds - 4.0) < 1e-9
+    assert got.bytes == 500 and abs(got.seconds - 2.0) < 1e-9
+    assert rm.take() == {}
+
+
+def test_sending_started_leaves_out_a_hold():
+    # Answered at 0, held 3 s, then 64 KiB in 4 reads of 16 KiB from 3.0 to 3.3: it sent for 0.4 s.
+    assert abs(sending_started(0.0, 3.0, 3.3, 16384, 65536) - 2.9) < 1e-9
+    assert sending_started(0.0, 3.0, 3.0, 65536, 65536) == 0.0  # one read: only the answer's time to go by
+    assert sending_started(2.95, 3.0, 3.3, 49152, 65536) == 2.95  # never before the answer
 
 
 def test_tracker_lays_out_by_measured_uplink_from_the_next_version():
