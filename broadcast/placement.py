@@ -88,13 +88,15 @@ def max_children(fanout: int) -> int:
     return 16 * fanout  # bounds how many peers one departure re-parents
 
 
-def _rate_target(members: list[list[float]], n: int, origin_per_tree: float | None, cap: int) -> float:
-    """The largest per-child rate r with room for all n peers in every tree (bisection in log space)."""
+def _rate_target(members: list[list[float]], n: int, origin_per_tree: float | None, cap: int,
+                 fixed: list[int]) -> float:
+    """The largest per-child rate r with room for all n peers in every tree (bisection in log space);
+    `fixed`: places per tree that do not depend on r (relays not measured yet)."""
 
     def fits(r: float) -> bool:
-        for ups in members:
+        for ups, extra in zip(members, fixed, strict=True):
             slots = max(1, int(origin_per_tree // r)) if origin_per_tree else 1
-            slots += sum(min(int(u // r), cap) for u in ups)
+            slots += extra + sum(min(int(u // r), cap) for u in ups)
             if slots < n:
                 return False
         return True
@@ -122,16 +124,19 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
         load[t] += c.uplink
     per_tree = [[c.uplink for c in measured if group[c.peer_id] == t] for t in range(trees)]
     origin_per_tree = origin_uplink / trees if origin_uplink else None
+    newcomers = [c for c in cands if c.capable and not c.uplink and c.group is not None]
+    # Relays not measured yet take `fanout` children, whatever r is: their places count (without them,
+    # r fell until the origin alone had room for everyone, a star in which they could never be measured).
+    fixed = [fanout * sum(c.group == t for c in newcomers) for t in range(trees)]
     # The layout fills places at the rate r that fits everyone; repairs may fill up to the places at the
     # lower rate that fits 10% more (a relay with spare places gives its children more than r meanwhile).
-    r = _rate_target(per_tree, len(cands), origin_per_tree, cap)
-    r_room = _rate_target(per_tree, int((len(cands) + others) * (1 + HEADROOM)) + 1, origin_per_tree, cap)
+    r = _rate_target(per_tree, len(cands), origin_per_tree, cap, fixed)
+    r_room = _rate_target(per_tree, int((len(cands) + others) * (1 + HEADROOM)) + 1, origin_per_tree, cap, fixed)
     slots = {c.peer_id: min(int(c.uplink // r), cap) for c in measured}
     room = {c.peer_id: min(int(c.uplink // r_room), cap) for c in measured}
     for c in measured:
         if slots[c.peer_id] == 0:
             group[c.peer_id] = None  # too slow to give even one child the target rate: a leaf everywhere
-    newcomers = [c for c in cands if c.capable and not c.uplink and c.group is not None]
     for c in newcomers:
         group[c.peer_id] = c.group
         slots[c.peer_id] = room[c.peer_id] = fanout

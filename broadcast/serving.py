@@ -12,7 +12,6 @@ from .store import VersionState
 
 log = logging.getLogger("broadcast.serving")
 MAX_VERSION = 10**12
-PACE_SLICE = 16 << 10  # bytes per write under an upload limit
 
 
 def parse_int(text: str, hi: int, what: str) -> int:
@@ -50,14 +49,10 @@ async def serve_piece(
         return resp
     try:
         for chunk in st.read_chunks(index):
-            # Paced in slices, as a link would deliver it (a child times our uplink by its bytes' arrival).
-            step = PACE_SLICE if limiter.rate else len(chunk)
-            for k in range(0, len(chunk), step):
-                part = chunk[k:k + step]
-                await limiter.acquire(len(part))
-                await resp.write(part)
-                if on_sent:
-                    on_sent(len(part))
+            await limiter.acquire(len(chunk))
+            await resp.write(chunk)
+            if on_sent:
+                on_sent(len(chunk))
     except FileNotFoundError:
         # Retention removed it mid-send; the child sees a short body and goes elsewhere.
         log.info("v%d piece %d vanished while serving", version, index)

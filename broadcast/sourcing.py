@@ -8,8 +8,8 @@ nothing, on any request, while 4 pieces per tree came from elsewhere (it lags it
 by 4 rounds, whatever the rates), or for 4 of our usual piece latencies (the stall timeout before one has
 been measured), and never sooner than had it not answered. Deadlines of a few answer times, per request, went around honest parents still receiving
 a piece, mostly to the origin: across namespaces at N = 8 the origin sent 4.8 S and a version took 4.9x S/B.
-A source silent through the whole race is avoided for a while and reported; the tracker's own probes decide
-what happens to it. Mixed into `Peer` (peer.py).
+A source silent through the whole race is avoided for a while, and reported if it never answered; the
+tracker's own probes decide what happens to it. Mixed into `Peer` (peer.py).
 """
 
 from __future__ import annotations
@@ -151,13 +151,18 @@ class Sourcing:
             await asyncio.gather(*tries, return_exceptions=True)
 
     def _silent_through(self: Peer, losers, st: VersionState, index: int) -> None:
-        """Sources that never answered while another delivered the piece: avoided for a while, reported."""
+        """Sources silent while another delivered the piece: avoided for a while. Those that never answered
+        are reported too; one that answered and sent nothing may be an honest relay whose own parent stalls
+        (a report the origin's probe cannot confirm would cost us standing, and the staller nothing)."""
         for tr in losers:
             if tr.src == self.tracker_url or self._silent(tr) > 0:
                 continue
             self._blacklist[tr.src] = time.monotonic() + SILENT_AVOID_S
-            what = "nothing sent" if tr.answered else "no answer"
-            detail = f"{what} in {time.monotonic() - tr.started:.2f}s; fetched elsewhere"
+            if tr.answered:
+                log.info("%s sent nothing for v%d piece %d in %.2fs; fetched elsewhere, avoiding it %.0fs",
+                         tr.src, st.version, index, time.monotonic() - tr.started, SILENT_AVOID_S)
+                continue
+            detail = f"no answer in {time.monotonic() - tr.started:.2f}s; fetched elsewhere"
             task = asyncio.create_task(self._report(tr.src, "stall", st.version, index, detail))
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)

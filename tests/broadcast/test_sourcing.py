@@ -125,7 +125,7 @@ def test_a_parent_that_answers_and_never_sends_is_gone_around(tmp_path, yardstic
     assert outcomes == ["ok"] and peer.bypasses == 1
     assert list(peer.received) == [origin]
     assert FIRST_BYTE <= took < FIRST_BYTE + 1.5
-    assert parent.url in peer._blacklist  # avoided for a while (and reported)
+    assert parent.url in peer._blacklist  # avoided for a while
 
 
 def test_a_parent_that_never_answers_is_gone_around_at_the_first_byte_deadline(tmp_path):
