@@ -6,8 +6,9 @@ asked for the same piece in parallel, and the first intact copy wins. A parent t
 may hold the request until the piece reaches it (pipelining): it is gone around only once it has sent us
 nothing, on any request, while 4 pieces per tree came from elsewhere (it lags its peers in the other trees
 by 4 rounds, whatever the rates), or for 4 of our usual piece latencies (the stall timeout before one has
-been measured), and never sooner than had it not answered. Deadlines of a few answer times, per request, went around honest parents still receiving
-a piece, mostly to the origin: across namespaces at N = 8 the origin sent 4.8 S and a version took 4.9x S/B.
+been measured), and never sooner than had it not answered. Deadlines of a few answer times, per request,
+went around honest parents still receiving a piece, mostly to the origin: across namespaces at N = 8 the
+origin sent 4.8 S and a version took 4.9x S/B.
 A source silent through the whole race is avoided for a while, and reported if it never answered; the
 tracker's own probes decide what happens to it. Mixed into `Peer` (peer.py).
 """
