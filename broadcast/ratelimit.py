@@ -18,7 +18,9 @@ class RateLimiter:
         if not self.rate:
             return
         now = time.monotonic()
-        start = max(self._next, now - self._burst)
+        # Idle time is banked up to `burst`, but never more than this request's own time: bytes leave at
+        # the rate, not in bursts (a child measures our uplink by their arrival).
+        start = max(self._next, now - min(self._burst, n / self.rate))
         self._next = start + n / self.rate
         delay = self._next - now
         if delay > 0:

@@ -53,10 +53,12 @@ class ReceiveMeter:
         return out
 
 
-def sending_started(answered: float, first_at: float, last_at: float, first_bytes: int, total: int) -> float:
+def sending_started(answered: float, first_at: float, last_at: float, first_bytes: int,
+                    total: int) -> float | None:
     """When the source began sending a response whose first `first_bytes` of `total` arrived together at
     `first_at` and the last at `last_at`: back from the first arrival by the time the first bytes took at
-    the rate of the rest. One read only: no rate to go by, so the answer's time (which counts a hold)."""
+    the rate of the rest, never before the answer. None when it all came in one read: no rate to go by
+    (counting from the answer would count a hold as sending; a self-paced piece on loopback comes so)."""
     if total <= first_bytes or last_at <= first_at:
-        return answered
+        return None
     return max(answered, first_at - (last_at - first_at) * first_bytes / (total - first_bytes))

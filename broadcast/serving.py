@@ -12,6 +12,7 @@ from .store import VersionState
 
 log = logging.getLogger("broadcast.serving")
 MAX_VERSION = 10**12
+PACE_SLICE = 16 << 10  # bytes per write under an upload limit
 
 
 def parse_int(text: str, hi: int, what: str) -> int:
@@ -49,10 +50,15 @@ async def serve_piece(
         return resp
     try:
         for chunk in st.read_chunks(index):
-            await limiter.acquire(len(chunk))
-            await resp.write(chunk)
-            if on_sent:
-                on_sent(len(chunk))
+            # Under an upload limit, in slices at the limit's pace, as a link delivers them: a child times
+            # our uplink by its bytes' arrival (receive_meter.py), and a whole piece at once would be a burst.
+            step = PACE_SLICE if limiter.rate else len(chunk)
+            for k in range(0, len(chunk), step):
+                part = chunk[k:k + step]
+                await limiter.acquire(len(part))
+                await resp.write(part)
+                if on_sent:
+                    on_sent(len(part))
     except FileNotFoundError:
         # Retention removed it mid-send; the child sees a short body and goes elsewhere.
         log.info("v%d piece %d vanished while serving", version, index)

@@ -207,9 +207,11 @@ class Sourcing:
                             if tr.got > ref.size:
                                 break
                     finally:
-                        if chunks:  # placement's evidence: how long it was sending, not holding
-                            self._received.span(src, sending_started(answered, first_at, now, len(chunks[0]),
-                                                                     tr.got), now)
+                        # Placement's evidence: how long it was sending, not holding (None: no way to tell).
+                        sent_from = sending_started(answered, first_at, now, len(chunks[0]), tr.got) if chunks \
+                            else None
+                        if sent_from is not None:
+                            self._received.span(src, sent_from, now)
                     buf = b"".join(chunks)
                     if len(buf) != ref.size:
                         reason, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"
@@ -221,7 +223,8 @@ class Sourcing:
                         self._pieces_in += 1
                         took = time.monotonic() - tr.started  # held, then streamed
                         self._latency_s = took if self._latency_s is None else 0.8 * self._latency_s + 0.2 * took
-                        self._received.credit(src, ref.size)
+                        if sent_from is not None:
+                            self._received.credit(src, ref.size)
                         self.received[src] = self.received.pop(src, 0) + ref.size
                         if len(self.received) > 64:
                             del self.received[next(iter(self.received))]
@@ -230,6 +233,13 @@ class Sourcing:
                             st.mark(index)
                         return
         except TimeoutError:
+            if tr.answered and src != self.tracker_url:
+                # Answered, then nothing: maybe an honest relay whose own parent stalls (see _silent_through).
+                tr.outcome = "failed"
+                self._blacklist[src] = time.monotonic() + SILENT_AVOID_S
+                log.info("%s sent nothing for v%d piece %d in %.0fs; avoiding it %.0fs", src, st.version, index,
+                         self.stall_timeout, SILENT_AVOID_S)
+                return
             reason, detail = "stall", f"no data for {self.stall_timeout}s"
         except aiohttp.ClientPayloadError as e:
             # Cut off after the answer began: a parent that gave up waiting for the piece itself, or a

@@ -76,7 +76,7 @@ def test_receive_meter_counts_overlap_once_and_only_finished_responses():
 def test_sending_started_leaves_out_a_hold():
     # Answered at 0, held 3 s, then 64 KiB in 4 reads of 16 KiB from 3.0 to 3.3: it sent for 0.4 s.
     assert abs(sending_started(0.0, 3.0, 3.3, 16384, 65536) - 2.9) < 1e-9
-    assert sending_started(0.0, 3.0, 3.0, 65536, 65536) == 0.0  # one read: only the answer's time to go by
+    assert sending_started(0.0, 3.0, 3.0, 65536, 65536) is None  # one read: nothing to time it by
     assert sending_started(2.95, 3.0, 3.3, 49152, 65536) == 2.95  # never before the answer
 
 
