@@ -115,7 +115,7 @@ async def run_ours(mode: str, n: int, size: int, rate: float, piece: int, trees:
             for sink in lines:
                 for s in sink:
                     if s.startswith("DONE "):
-                        _, i, t = s.split()
+                        _, i, t = s.split()[:3]
                         done[i] = float(t)
             if time.monotonic() > end:
                 return {"T": None, "error": f"timeout after {timeout:.0f}s with {len(done)}/{n} done"}
