@@ -222,7 +222,8 @@ def run_row(design: str, n: int, args: argparse.Namespace, tmp: Path, timeout: f
     return {"T": T, "first_s": done[0], "p50_s": done[len(done) // 2], "done_s": done,
             "cpu_s": sum(cpu.values()), "cpu_frac_of_2_cores": sum(cpu.values()) / T / 2,
             "cpu_max_proc_s": max(cpu.values()), "machine_idle": 1 - busy,
-            "origin_sent_x_S": sent["origin"] / size, "bypasses": bypasses, "sent_by_host": sent, "timeline": timeline.series}
+            "origin_sent_x_S": sent["origin"] / size, "bypasses": bypasses, "sent_by_host": sent,
+            "timeline": timeline.series}
 
 
 def _received(design: str, root: Path, i: int) -> bytes:

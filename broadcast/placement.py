@@ -131,7 +131,8 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     # The layout fills places at the rate r that fits everyone; repairs may fill up to the places at the
     # lower rate that fits 10% more (a relay with spare places gives its children more than r meanwhile).
     r = _rate_target(per_tree, len(cands), origin_per_tree, cap, fixed)
-    r_room = _rate_target(per_tree, int((len(cands) + others) * (1 + HEADROOM)) + 1, origin_per_tree, cap, fixed)
+    n_room = int((len(cands) + others) * (1 + HEADROOM)) + 1
+    r_room = _rate_target(per_tree, n_room, origin_per_tree, cap, fixed)
     slots = {c.peer_id: min(int(c.uplink // r), cap) for c in measured}
     room = {c.peer_id: min(int(c.uplink // r_room), cap) for c in measured}
     for c in measured:

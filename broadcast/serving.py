@@ -63,7 +63,7 @@ async def serve_piece(
         # Retention removed it mid-send; the child sees a short body and goes elsewhere.
         log.info("v%d piece %d vanished while serving", version, index)
         raise
-    except ConnectionError:  # reset, or aiohttp's "Connection lost": the child went away (it got it elsewhere)
+    except ConnectionError:  # reset, or aiohttp's "Connection lost": the child went away (got it elsewhere)
         log.debug("child hung up during v%d piece %d", version, index)
         return resp
     await resp.write_eof()

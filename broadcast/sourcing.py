@@ -208,8 +208,8 @@ class Sourcing:
                                 break
                     finally:
                         # Placement's evidence: how long it was sending, not holding (None: no way to tell).
-                        sent_from = sending_started(answered, first_at, now, len(chunks[0]), tr.got) if chunks \
-                            else None
+                        sent_from = (sending_started(answered, first_at, now, len(chunks[0]), tr.got)
+                                     if chunks else None)
                         if sent_from is not None:
                             self._received.span(src, sent_from, now)
                     buf = b"".join(chunks)
@@ -222,7 +222,8 @@ class Sourcing:
                         tr.outcome = "ok"
                         self._pieces_in += 1
                         took = time.monotonic() - tr.started  # held, then streamed
-                        self._latency_s = took if self._latency_s is None else 0.8 * self._latency_s + 0.2 * took
+                        old = self._latency_s
+                        self._latency_s = took if old is None else 0.8 * old + 0.2 * took
                         if sent_from is not None:
                             self._received.credit(src, ref.size)
                         self.received[src] = self.received.pop(src, 0) + ref.size
@@ -237,8 +238,8 @@ class Sourcing:
                 # Answered, then nothing: maybe an honest relay whose own parent stalls (see _silent_through).
                 tr.outcome = "failed"
                 self._blacklist[src] = time.monotonic() + SILENT_AVOID_S
-                log.info("%s sent nothing for v%d piece %d in %.0fs; avoiding it %.0fs", src, st.version, index,
-                         self.stall_timeout, SILENT_AVOID_S)
+                log.info("%s sent nothing for v%d piece %d in %.0fs; avoiding it %.0fs", src, st.version,
+                         index, self.stall_timeout, SILENT_AVOID_S)
                 return
             reason, detail = "stall", f"no data for {self.stall_timeout}s"
         except aiohttp.ClientPayloadError as e:
