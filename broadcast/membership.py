@@ -127,6 +127,7 @@ class Membership:
         self.peer_id, self._token, self.trees, self.heartbeat_interval = (
             j.peer_id, j.token, j.trees, j.heartbeat_interval)
         self.sources = [[self.tracker_url] for _ in range(self.trees)]
+        self._sources_tag = ""
         self.observed_host, self.url, self.reachable = j.observed_host, j.url, j.reachable
         log.info("joined %s as %s, key %s, seen from %s, %d trees", self.tracker_url, self.peer_id,
                  self.keypair.fingerprint, j.observed_host or "?", self.trees)
@@ -148,7 +149,8 @@ class Membership:
             return
         progress = {v: st.n_have for v, st in self.states.items() if not st.complete}
         msg = PeerHeartbeat(self.peer_id, self._token, self.complete_versions(), progress,
-                            self.served_bytes, dict(list(self.received.items())[-64:]), self._received.take())
+                            self.served_bytes, dict(list(self.received.items())[-64:]), self._received.take(),
+                            self._sources_tag)
         try:
             status, body = await self._post("/heartbeat", msg)
         except NET_ERRORS as e:
@@ -166,6 +168,8 @@ class Membership:
             return
         try:
             a = decode(body, TreeSources)
+            if not a.sources and a.tag and a.tag == self._sources_tag:
+                a.sources = self.sources  # unchanged since the last heartbeat
             if len(a.sources) != self.trees or not all(
                 0 < len(c) <= 64 and all(u.startswith("http://") and len(u) < 256 for u in c) for c in a.sources
             ):
@@ -173,7 +177,7 @@ class Membership:
         except (msgspec.DecodeError, ValueError) as e:
             log.warning("bad assignment from tracker: %s", e)
             return
-        self.sources = a.sources
+        self.sources, self._sources_tag = a.sources, a.tag[:32]
         if a.reachable is not None and a.reachable != self.reachable and self.url:
             self.reachable = a.reachable
             self._log_reach("the tracker checked again")

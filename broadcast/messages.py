@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Literal
 
 import msgspec
@@ -54,14 +55,22 @@ class PeerHeartbeat(msgspec.Struct, forbid_unknown_fields=True):
     # What came from each source since the last heartbeat, and how long it took: uplink evidence for
     # bandwidth-aware placement (broadcast/placement.py; counted only from peers with standing).
     recent: Annotated[dict[str, Received], msgspec.Meta(max_length=64)] = {}
+    sources_tag: Annotated[str, msgspec.Meta(max_length=32)] = ""  # TreeSources.tag of the sources it holds
 
 
 class TreeSources(msgspec.Struct):
-    """For each tree, the ancestors to fetch from: parent first, origin last."""
+    """For each tree, the ancestors to fetch from: parent first, origin last. Sent only when they changed
+    since the peer's last heartbeat (otherwise `sources` is empty and `tag` the one it holds): every peer's
+    answer, every heartbeat, on the origin's uplink was 5% of it at N = 32 with 1 s heartbeats."""
 
     latest: int | None
     sources: list[list[str]]
     reachable: bool | None = None  # the tracker's current view of this peer's relay
+    tag: str = ""  # names `sources`
+
+    def for_peer(self, held_tag: str) -> TreeSources:
+        tag = hashlib.blake2b(msgspec.json.encode(self.sources), digest_size=8).hexdigest()
+        return TreeSources(self.latest, [] if tag == held_tag else self.sources, self.reachable, tag)
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):

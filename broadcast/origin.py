@@ -301,7 +301,7 @@ class Origin:
             raise web.HTTPTooManyRequests(text=f"heartbeats come once per interval: retry in {wait:.1f}s")
         out = self._tracker_call(self.tracker.heartbeat, msg, self.latest)
         self._judge.maybe_prove(self.tracker.peers[msg.peer_id])
-        return _json(out)
+        return _json(out.for_peer(msg.sources_tag))
 
     async def _leave(self, request: web.Request) -> web.Response:
         msg: Leave = await self._body(request, Leave)

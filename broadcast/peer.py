@@ -98,6 +98,7 @@ class Peer(Membership, Sourcing):
         self.trees = 1
         self.heartbeat_interval = 2.0
         self.sources: list[list[str]] = [[self.tracker_url]]
+        self._sources_tag = ""  # the tracker's name for them: it sends them again only when they change
         self.known_latest: int | None = None
         self.states: dict[int, VersionState] = {}
         self.evicted: str | None = None

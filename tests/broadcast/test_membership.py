@@ -14,7 +14,7 @@ from aiohttp import web
 from bc_helpers import make_version
 
 from broadcast.identity import reach_answer, sign_join
-from broadcast.messages import Join, Joined, PeerHeartbeat, ReachTest, TreeView
+from broadcast.messages import Join, Joined, PeerHeartbeat, ReachTest, TreeSources, TreeView
 from broadcast.origin import Origin
 from broadcast.peer import Peer
 from broadcast.ratelimit import KeyedBuckets
@@ -227,6 +227,34 @@ def test_a_member_heartbeating_too_often_is_refused_cheaply(tmp_path):
                 assert 12 <= codes.count(200) <= allowed < 50, (codes, allowed)
                 assert await beat(quiet) == 200
             assert loud.peer_id in lab.origin.tracker.peers  # refused, not removed
+
+    run(scenario())
+
+
+def test_a_member_is_sent_its_sources_only_when_they_change(tmp_path):
+    """Every answer on the origin's uplink costs it: unchanged sources go as their tag alone, and a peer
+    that holds them keeps them."""
+    async def scenario():
+        async with Lab(tmp_path) as lab:
+            code, body = await post_join(lab.origin, sign_join(Join(None, False, "m"), KeyPair.generate()))
+            j = msgspec.json.decode(body, type=Joined)
+            async with aiohttp.ClientSession() as s:
+                async def beat(tag: str) -> TreeSources:
+                    msg = PeerHeartbeat(j.peer_id, j.token, sources_tag=tag)
+                    async with s.post(lab.origin.url + "/heartbeat", data=msgspec.json.encode(msg)) as r:
+                        assert r.status == 200
+                        return msgspec.json.decode(await r.read(), type=TreeSources)
+
+                first = await beat("")
+                assert len(first.sources) == j.trees and first.tag
+                again = await beat(first.tag)
+                assert again.sources == [] and again.tag == first.tag
+                assert (await beat("0" * 16)).sources == first.sources  # another tag: the sources in full
+            p = await lab.peer("p")  # a real peer keeps its sources across answers that leave them out
+            held = p.sources
+            await p._heartbeat_once()
+            await p._heartbeat_once()
+            assert p.sources is held and len(held) == p.trees and p._sources_tag  # not decoded again
 
     run(scenario())
 
