@@ -42,13 +42,14 @@ POLL_S = 0.2  # how often a race looks again whether its newest request has fall
 class _Try:
     """One request for one piece from one source, as the race sees it."""
 
-    def __init__(self, src: str):
+    def __init__(self, src: str, pieces_at_start: int):
         self.src = src
         self.answered = False  # response headers came
+        self.answered_at = 0.0
         self.got = 0  # body bytes so far
         self.started = time.monotonic()
         self.outcome = ""
-        self.pieces_at_start = 0  # the peer's verified-piece count when it was sent
+        self.pieces_at_start = pieces_at_start  # the peer's verified-piece count when it was sent
 
 
 class Sourcing:
@@ -72,11 +73,24 @@ class Sourcing:
 
     def _heard(self: Peer, src: str, now: float, body: bool) -> None:
         """`src` showed it is alive: it answered a request, or (`body`) sent piece bytes."""
-        for seen, mark in ((self._last_heard, now), (self._last_bytes, (now, self._pieces_in)))[:1 + body]:
+
+        def note(seen: dict, mark) -> None:
             seen.pop(src, None)  # re-inserted last: the bound forgets the sources quiet the longest
             seen[src] = mark
             if len(seen) > 256:
                 del seen[next(iter(seen))]
+
+        note(self._last_heard, now)
+        if body:
+            note(self._last_bytes, (now, self._pieces_in))
+
+    def _avoid_quietly(self: Peer, tr: _Try, st: VersionState, index: int) -> None:
+        """It answered, then sent nothing: avoided for a while, not reported. It may be an honest relay whose
+        own parent stalls (a report the origin's probe cannot confirm would cost us standing, and the
+        staller nothing)."""
+        self._blacklist[tr.src] = time.monotonic() + SILENT_AVOID_S
+        log.info("%s sent nothing for v%d piece %d in %.2fs; avoiding it %.0fs", tr.src, st.version, index,
+                 time.monotonic() - tr.started, SILENT_AVOID_S)
 
     def _silent(self: Peer, tr: _Try) -> float:
         """0 when this try counts as silent, else a time to look again. Unanswered: its source has not
@@ -120,8 +134,7 @@ class Sourcing:
 
         def ask_next() -> None:
             nonlocal pos
-            tr = _Try(chain[pos])
-            tr.pieces_at_start = self._pieces_in
+            tr = _Try(chain[pos], self._pieces_in)
             pos += 1
             tries[asyncio.create_task(self._try_source(tr, st, index))] = tr
 
@@ -152,17 +165,15 @@ class Sourcing:
             await asyncio.gather(*tries, return_exceptions=True)
 
     def _silent_through(self: Peer, losers, st: VersionState, index: int) -> None:
-        """Sources silent while another delivered the piece: avoided for a while. Those that never answered
-        are reported too; one that answered and sent nothing may be an honest relay whose own parent stalls
-        (a report the origin's probe cannot confirm would cost us standing, and the staller nothing)."""
+        """Sources silent while another delivered the piece: avoided for a while, and reported if they
+        never answered."""
         for tr in losers:
             if tr.src == self.tracker_url or self._silent(tr) > 0:
                 continue
-            self._blacklist[tr.src] = time.monotonic() + SILENT_AVOID_S
             if tr.answered:
-                log.info("%s sent nothing for v%d piece %d in %.2fs; fetched elsewhere, avoiding it %.0fs",
-                         tr.src, st.version, index, time.monotonic() - tr.started, SILENT_AVOID_S)
+                self._avoid_quietly(tr, st, index)
                 continue
+            self._blacklist[tr.src] = time.monotonic() + SILENT_AVOID_S
             detail = f"no answer in {time.monotonic() - tr.started:.2f}s; fetched elsewhere"
             task = asyncio.create_task(self._report(tr.src, "stall", st.version, index, detail))
             self._bg.add(task)
@@ -178,9 +189,9 @@ class Sourcing:
         try:
             async with self._session.get(f"{src}/v/{st.version}/piece/{index}",
                                          headers={"X-Peer": self.peer_id or ""}) as r:
-                tr.answered = True
-                self._heard(src, time.monotonic(), body=False)
-                lat = time.monotonic() - tr.started
+                tr.answered, tr.answered_at = True, time.monotonic()
+                self._heard(src, tr.answered_at, body=False)
+                lat = tr.answered_at - tr.started
                 if self._answer_s is None:
                     self._answer_s, self._answer_var = lat, lat / 2
                 else:
@@ -195,7 +206,7 @@ class Sourcing:
                     reason, detail = "corrupt", f"length {r.content_length} != {ref.size}"
                 else:
                     chunks = []
-                    answered = first_at = now = time.monotonic()
+                    first_at = now = time.monotonic()
                     try:
                         async for chunk in r.content.iter_chunked(RECV_CHUNK):
                             now = time.monotonic()
@@ -208,7 +219,7 @@ class Sourcing:
                                 break
                     finally:
                         # Placement's evidence: how long it was sending, not holding (None: no way to tell).
-                        sent_from = (sending_started(answered, first_at, now, len(chunks[0]), tr.got)
+                        sent_from = (sending_started(tr.answered_at, first_at, now, len(chunks[0]), tr.got)
                                      if chunks else None)
                         if sent_from is not None:
                             self._received.span(src, sent_from, now)
@@ -235,11 +246,8 @@ class Sourcing:
                         return
         except TimeoutError:
             if tr.answered and src != self.tracker_url:
-                # Answered, then nothing: maybe an honest relay whose own parent stalls (see _silent_through).
                 tr.outcome = "failed"
-                self._blacklist[src] = time.monotonic() + SILENT_AVOID_S
-                log.info("%s sent nothing for v%d piece %d in %.0fs; avoiding it %.0fs", src, st.version,
-                         index, self.stall_timeout, SILENT_AVOID_S)
+                self._avoid_quietly(tr, st, index)
                 return
             reason, detail = "stall", f"no data for {self.stall_timeout}s"
         except aiohttp.ClientPayloadError as e:
