@@ -8,8 +8,14 @@
 # Figures and the log go to $OUT (trainer-gpu.json, runs/*.json, gpu_trainer.log). Under 6 minutes: every
 # step has its own time limit, and a step that fails or runs out is reported and the rest still run.
 # Without a GPU it runs the same steps on the small shape on CPU (so it is known to run anywhere).
-# Needs torch, transformers, safetensors, prometheus-client, numpy and msgspec: wheels/*.whl, when that
-# folder exists, are installed first (pip --no-deps).
+# Needs torch, transformers, safetensors, prometheus-client, numpy, msgspec and cryptography (swarm_common's
+# keys: the learner's config imports the audit's protocol). The GPU machine's image lacks the last two (and
+# cryptography's cffi and pycparser), so wheels/*.whl, when that folder exists, are installed first (pip
+# --no-deps). Fill it here, for the device's Python 3.12:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d wheels msgspec==0.23.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12
+# and carry it: run(command="mkdir -p $OUT && OUT=$OUT bash bench/gpu_trainer.sh", carry=["wheels"]).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cd "$(dirname "$0")/.."
@@ -23,7 +29,7 @@ echo "== $(date -u +%FT%TZ) bench/gpu_trainer.sh, figures in $OUT"
 if [ -d wheels ] && compgen -G "wheels/*.whl" >/dev/null; then
   timeout 60 "$PY" -m pip install -q --no-deps wheels/*.whl || echo "pip install of wheels/ failed (exit $?)"
 fi
-"$PY" -c "import msgspec, torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+"$PY" -c "import cryptography, msgspec, safetensors, torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   MODEL=qwen1.5b
