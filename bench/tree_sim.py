@@ -51,7 +51,8 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
     o = Host("origin", origin.up, origin.down, origin.lat)
     rng = random.Random(args.seed + 7)
     with simulated_time(sim):
-        sw = Swarm(sim, o, args.trees, args.fanout, args.piece, args.window, report_uploads=measured)
+        sw = Swarm(sim, o, args.trees, args.fanout, args.piece, args.window, report_uploads=measured,
+                   turns=not args.no_turns)
         peers = [SimPeer(i, Host(f"p{i}", lk.up, lk.down, lk.lat)) for i, lk in enumerate(links)]
         for p in peers:
             sim.at(rng.uniform(0, 1.0), sw.arrive, p)
@@ -143,6 +144,8 @@ def main() -> None:
     ap.add_argument("--fanout", type=int, default=4)
     ap.add_argument("--window", type=int, default=2)
     ap.add_argument("--churn", type=float, default=0.10)
+    ap.add_argument("--no-turns", action="store_true",
+                    help="a child's requests to one source share its share (before broadcast/serving.Turns)")
     ap.add_argument("--origin-mbit", type=float, default=1000.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

@@ -67,20 +67,27 @@ class Layout:
             self._adopt(t, o, ranked)
 
     def _adopt(self, t: int, pid: str, ranked: Callable[[str | None], bool]) -> None:
-        """Hang pid under the shallowest node with a free place; the origin takes it when none has one."""
+        """Hang pid under the shallowest node with a free place. When none has one, under the node with the
+        most places per child it would then have: the origin feeds the top of every tree, and taking all
+        the overflow (orphans, newcomers) starved those (docs/tree-simulation.md)."""
         par, kids, depth = self.parents[t], self.children[t], self.depth[t]
         needs_standing = ranked(pid)
-        best: str | None = None
-        best_depth = 1 << 30
+        free: list[tuple[int, str | None]] = []
+        full: list[tuple[float, int, str | None]] = []
         for node, cap in self.caps[t].items():
-            if len(kids.get(node, ())) >= cap or node == pid or (node is not None and node not in par):
+            if cap <= 0 or node == pid or (node is not None and node not in par):
                 continue
             if needs_standing and node is not None and not ranked(node):
                 continue  # no fresh key between the origin and a peer with standing
-            d = depth.get(node, 1 << 20)
-            if d < best_depth and not self._below(t, node, pid):
-                best, best_depth = node, d
-        par[pid] = best  # None: no free place left, the origin takes it
+            n, d = len(kids.get(node, ())), depth.get(node, 1 << 20)
+            if n < cap:
+                free.append((d, node))
+            else:
+                full.append((-cap / (n + 1), d, node))
+        free.sort(key=lambda x: x[0])
+        full.sort(key=lambda x: x[:2])
+        best = next((c[-1] for c in [*free, *full] if not self._below(t, c[-1], pid)), None)
+        par[pid] = best  # None: the origin
         kids[best].append(pid)
         depth[pid] = depth.get(best, 0) + 1
 

@@ -24,7 +24,7 @@ from .manifest import Manifest, auto_piece_size, encode_manifest
 from .messages import MAX_TRACKER_MESSAGE_BYTES, Join, Latest, Leave, PeerHeartbeat, ReachTest, Report, decode
 from .ratelimit import KeyedBuckets, RateLimiter
 from .release import InOrderRelease
-from .serving import MAX_VERSION, parse_int, serve_piece
+from .serving import MAX_VERSION, Turns, parse_int, serve_piece
 from .store import VersionState
 from .tracker import Tracker, TrackerError
 
@@ -96,6 +96,7 @@ class Origin:
         self._url: str | None = None
         self._closing = False
         self._order: dict[int, InOrderRelease] = {}  # per version: its pieces leave about in order
+        self._turns = Turns()  # serving.py: a child's requests take turns
 
     @property
     def url(self) -> str:
@@ -381,15 +382,14 @@ class Origin:
     async def _piece(self, request: web.Request) -> web.StreamResponse:
         async def lookup(v: int) -> VersionState | None:
             return self.versions.get(v)
-
         version = parse_int(request.match_info["version"], MAX_VERSION, "version")
         index = request.match_info["index"]
         order = self._order.get(version)
         if order is None or not index.isdigit() or int(index) >= len(order.sent):
-            return await serve_piece(request, lookup, self.limiter, self.piece_wait)
+            return await serve_piece(request, lookup, self.limiter, self.piece_wait, self._turns, self.trees)
         await order.wait_turn(int(index))
         try:
-            return await serve_piece(request, lookup, self.limiter, self.piece_wait)
+            return await serve_piece(request, lookup, self.limiter, self.piece_wait, self._turns, self.trees)
         finally:
             await order.sent_one(int(index))
 

@@ -31,7 +31,7 @@ from .membership import Evicted, FetchError, Membership
 from .messages import Leave
 from .ratelimit import RateLimiter
 from .receive_meter import ReceiveMeter
-from .serving import MAX_VERSION, parse_int, serve_piece
+from .serving import MAX_VERSION, Turns, parse_int, serve_piece
 from .sourcing import MIN_FIRST_BYTE_S, Sourcing
 from .store import Store, VersionState
 
@@ -96,6 +96,7 @@ class Peer(Membership, Sourcing):
         self.peer_id: str | None = None
         self._token = ""
         self.trees = 1
+        self._turns = Turns()  # serving.py: a child's requests take turns
         self.heartbeat_interval = 2.0
         self.sources: list[list[str]] = [[self.tracker_url]]
         self._sources_tag = ""  # the tracker's name for them: it sends them again only when they change
@@ -341,4 +342,5 @@ class Peer(Membership, Sourcing):
     async def _piece(self, request: web.Request) -> web.StreamResponse:
         if self.evicted:
             raise web.HTTPNotFound(text="evicted")
-        return await serve_piece(request, self._lookup, self.limiter, self.stall_timeout * 0.6, self._sent)
+        return await serve_piece(request, self._lookup, self.limiter, self.stall_timeout * 0.6, self._turns,
+                                 self.trees, self._sent)

@@ -5,7 +5,8 @@ answer is the peer's sources), remove on /leave, reap every heartbeat interval, 
 origin._judge does (a health probe of the accused; dead -> remove, two stall reporters -> demote). A peer
 fetches piece i down tree i mod k with `window` requests in flight per tree, tries its chain parent first,
 origin last, skipping blacklisted sources; a source that refuses or resets is reported and blacklisted for
-30 s; a held request unanswered for piece_wait gets a 503 (a stall report). Hashing costs no time here.
+30 s; a held request unanswered for piece_wait gets a 503 (a stall report). A source sends a child's requests
+on one tree one at a time (serving.Turns; `turns=False`: all at once). Hashing costs no time here.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class SimPeer:
 
 class Swarm:
     def __init__(self, sim: Sim, origin: Host, trees: int, fanout: int, piece: int, window: int = 2,
-                 heartbeat: float = 2.0, stall_timeout: float = 30.0, report_uploads: bool = True):
+                 heartbeat: float = 2.0, stall_timeout: float = 30.0, report_uploads: bool = True,
+                 turns: bool = True):
         self.sim, self.net = sim, Net(sim)
         self.origin = origin
         self.origin_url = "http://origin:1"
@@ -82,6 +84,8 @@ class Swarm:
         self.hb = heartbeat
         self.piece_wait = 0.6 * stall_timeout  # broadcast/peer.py serves with stall_timeout * 0.6
         self.report_uploads = report_uploads
+        self.one_at_a_time = turns  # serving.py's Turns; False: a child's requests share its share
+        self.turns: dict[tuple[str, int, int], collections.deque] = {}  # (source, child, tree) -> queue
         self.peers: dict[str, SimPeer] = {}  # by url
         self.latest = 0
         self.sizes: dict[int, int] = {}
@@ -259,12 +263,35 @@ class Swarm:
         req[6] = False
         if not p.host.alive:
             return
+        if self.one_at_a_time:  # broadcast/serving.py: a child's requests to one source take turns
+            turn = self.turns.setdefault((src.name, p.idx, req[1]), collections.deque())
+            turn.append((req, src))
+            if len(turn) > 1:
+                return
+        self._start(req, src)
+
+    def _start(self, req: list, src: Host) -> None:
+        p = req[0]
         req[8] = self.sim.now
         size = self._piece_size(p.version, req[2])
-        self.net.start(src, p.host, size, lambda x, ok, r=req: self._sent(r, ok))
+        self.net.start(src, p.host, size, lambda x, ok, r=req, s=src: self._sent(r, ok, s))
 
-    def _sent(self, req: list, ok: bool) -> None:
+    def _sent(self, req: list, ok: bool, src_host: Host | None = None) -> None:
         p = req[0]
+        if self.one_at_a_time and src_host is not None:
+            turn = self.turns.get((src_host.name, p.idx, req[1]))
+            if turn:
+                turn.popleft()
+                if not src_host.alive:  # the source died: the requests waiting their turn are reset too
+                    for r, _ in turn:
+                        self.sim.after(self._lat(p.host, src_host), self._failed, r, "dead")
+                    turn.clear()
+                elif not p.host.alive:  # the child died: nothing more to send it
+                    turn.clear()
+                if turn:
+                    self._start(*turn[0])
+                else:
+                    del self.turns[(src_host.name, p.idx, req[1])]
         p.meter.span(req[7], req[8], self.sim.now)
         if ok:
             p.meter.credit(req[7], self._piece_size(p.version, req[2]))

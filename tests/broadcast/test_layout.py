@@ -104,3 +104,25 @@ def test_a_fresh_layout_for_the_next_version_and_when_nothing_is_in_flight():
     tr._layout = None
     assert now == tr.topology()
     _check(tr)
+
+
+def test_overflow_goes_to_the_relay_with_most_room_not_the_origin():
+    """With every place taken, a newcomer goes under the node with the most places per child it would then
+    have: the origin feeds the top of every tree, and taking all of the overflow starved those (1000 peers
+    simulated with 10% churn: 1.61x the fluid bound, 1.28x with this rule; docs/tree-simulation.md)."""
+    from broadcast.layout import Layout
+
+    def ranked(pid):
+        return True
+
+    # One tree: the origin (2 places) holds a big relay (8 places) and a small one (2), both full.
+    parents = [{"big": None, "small": None, **{f"b{i}": "big" for i in range(8)}, "s0": "small", "s1": "small"}]
+    children = [{None: ["big", "small"], "big": [f"b{i}" for i in range(8)], "small": ["s0", "s1"]}]
+    caps = [{None: 2, "big": 8, "small": 2, **{f"b{i}": 0 for i in range(8)}, "s0": 0, "s1": 0}]
+    lay = Layout(parents, children, caps)
+    lay.add("new", ranked)
+    assert lay.parents[0]["new"] == "big"  # 8/9 places per child, against 2/3 (origin, small)
+    # With room somewhere, the shallowest free place as before.
+    lay.caps[0]["small"] = 3
+    lay.add("newer", ranked)
+    assert lay.parents[0]["newer"] == "small"
