@@ -17,7 +17,6 @@ log = logging.getLogger("broadcast.serving")
 MAX_VERSION = 10**12
 PACE_SLICE = 16 << 10  # bytes per write under an upload limit
 UNSENT_LOWAT = 32 << 10  # bytes a response may leave unsent in the kernel
-TURN_WAIT_S = 5.0  # the longest a child's request waits for its turn (class Turns)
 
 
 class Turns:
@@ -26,22 +25,23 @@ class Turns:
     across piece boundaries; sent at once, they split the child's share of the uplink, and each piece took
     `window` times as long to reach the child, at every hop. Simulated at 1000 peers (10% churn): a 13.5 MB
     delta 1.53x the fluid bound with turns, 2.11x without (docs/tree-simulation.md). The key is the
-    child's address and its word (X-Peer), and a turn is waited for TURN_WAIT_S at most: one that claims
-    another's name from the same address and holds its turn costs that child a few seconds per piece,
-    then the piece goes out alongside."""
+    child's address and its word (X-Peer), and a turn is waited for as long as a held request waits for
+    its piece: one that claims another's name from the same address and holds its turn delays that child's
+    pieces from here until the child goes around us (sourcing.py), never past that bound. (A bound of 5 s
+    was about one piece time with 1 MiB pieces at 1.6 Mbit/s per child, and undid the turns there.)"""
 
     def __init__(self) -> None:
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._users: dict[tuple[str, int], int] = {}  # requests holding or awaiting each lock
 
     @contextlib.asynccontextmanager
-    async def turn(self, child: str, tree: int) -> AsyncIterator[None]:
+    async def turn(self, child: str, tree: int, max_wait: float) -> AsyncIterator[None]:
         key = (child[:128], tree)
         lock = self._locks.setdefault(key, asyncio.Lock())  # asyncio.Lock wakes its waiters in order
         self._users[key] = self._users.get(key, 0) + 1
         try:
             try:
-                await asyncio.wait_for(lock.acquire(), TURN_WAIT_S)
+                await asyncio.wait_for(lock.acquire(), max_wait)
             except TimeoutError:
                 yield  # its turn is overdue: sent alongside the one ahead
                 return
@@ -93,7 +93,7 @@ async def serve_piece(
     child = f"{request.remote} {request.headers.get('X-Peer', '')}"
     _low_unsent(request)
     try:
-        async with turns.turn(child, index % max(1, trees)):
+        async with turns.turn(child, index % max(1, trees), wait_timeout):
             await _send(resp, st, index, limiter, on_sent)
     except FileNotFoundError:
         # Retention removed it mid-send; the child sees a short body and goes elsewhere.
