@@ -276,9 +276,9 @@ class Swarm:
         size = self._piece_size(p.version, req[2])
         self.net.start(src, p.host, size, lambda x, ok, r=req, s=src: self._sent(r, ok, s))
 
-    def _sent(self, req: list, ok: bool, src_host: Host | None = None) -> None:
+    def _sent(self, req: list, ok: bool, src_host: Host) -> None:
         p = req[0]
-        if self.one_at_a_time and src_host is not None:
+        if self.one_at_a_time:
             turn = self.turns.get((src_host.name, p.idx, req[1]))
             if turn:
                 turn.popleft()
