@@ -50,6 +50,8 @@ class _Try:
         self.started = time.monotonic()
         self.outcome = ""
         self.pieces_at_start = pieces_at_start  # the peer's verified-piece count when it was sent
+        self.gone_around_at = 0.0  # when the race judged it silent and asked the next ancestor (0: never)
+        self.answered_before_bypass = False
 
 
 class Sourcing:
@@ -144,6 +146,8 @@ class Sourcing:
                 wait = self._silent(list(tries.values())[-1]) if pos < len(chain) else None
                 if wait == 0:  # the newest request is silent: go around it
                     self.bypasses += 1
+                    newest = list(tries.values())[-1]
+                    newest.gone_around_at, newest.answered_before_bypass = time.monotonic(), newest.answered
                     ask_next()
                     continue
                 done, _ = await asyncio.wait(tries, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
@@ -168,7 +172,7 @@ class Sourcing:
         """Sources silent while another delivered the piece: avoided for a while, and reported if they
         never answered."""
         for tr in losers:
-            if tr.src == self.tracker_url or self._silent(tr) > 0:
+            if tr.src == self.tracker_url or not self._still_silent(tr):
                 continue
             if tr.answered:
                 self._avoid_quietly(tr, st, index)
@@ -178,6 +182,18 @@ class Sourcing:
             task = asyncio.create_task(self._report(tr.src, "stall", st.version, index, detail))
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
+
+    def _still_silent(self: Peer, tr: _Try) -> bool:
+        """Silent now, or gone around as silent and not heard from since. The verdict at the bypass stands:
+        the yardsticks move while the race goes on (the winner's own answer time raises the deadline on a
+        loaded machine), and a source silent then and since is silent."""
+        if tr.gone_around_at:
+            # Answered by then: silent means no bytes; unanswered: not even an answer.
+            last = (self._last_bytes.get(tr.src, (0.0, 0))[0] if tr.answered_before_bypass
+                    else self._last_heard.get(tr.src, 0.0))
+            if last < tr.gone_around_at:
+                return True
+        return self._silent(tr) == 0
 
     async def _try_source(self: Peer, tr: _Try, st: VersionState, index: int) -> None:
         """Fetch one piece from one source; sets tr.outcome: 'ok', 'absent' (404), or 'failed' (reported
