@@ -52,7 +52,7 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
     rng = random.Random(args.seed + 7)
     with simulated_time(sim):
         sw = Swarm(sim, o, args.trees, args.fanout, args.piece, args.window, report_uploads=measured,
-                   turns=not args.no_turns)
+                   turns=not args.no_turns, fresh_after_dead=not args.next_ancestor)
         peers = [SimPeer(i, Host(f"p{i}", lk.up, lk.down, lk.lat)) for i, lk in enumerate(links)]
         for p in peers:
             sim.at(rng.uniform(0, 1.0), sw.arrive, p)
@@ -146,6 +146,9 @@ def main() -> None:
     ap.add_argument("--churn", type=float, default=0.10)
     ap.add_argument("--no-turns", action="store_true",
                     help="a child's requests to one source share its share (before broadcast/serving.Turns)")
+    ap.add_argument("--next-ancestor", action="store_true",
+                    help="a dead parent's piece is asked of the next ancestor, not of the parents the tracker "
+                         "gives after the report (peer.py before 2026-12-05)")
     ap.add_argument("--origin-mbit", type=float, default=1000.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

@@ -34,6 +34,7 @@ def main() -> None:
     size, rate = int(args.size_mib * MiB), args.rate_mib * MiB
     args.fanout, args.seed, args.piece = args.trees, 0, args.piece_kib << 10
     args.warmup_size, args.warmups, args.no_turns = size, 1, False  # the real peers take turns (serving.py)
+    args.next_ancestor = False  # and ask the parents the tracker gives after a dead one (sourcing.py)
     print(f"S = {args.size_mib} MiB, B = {args.rate_mib} MiB/s per uplink (origin too), S/B = {size / rate:.2f} s, "
           f"pieces of {args.piece_kib} KiB, {args.trees} trees, window {args.window}")
     print(f"{'N':>3} {'real T (s)':>10} {'sim T (s)':>10} {'sim/real':>9}")

@@ -24,16 +24,9 @@ class Layout:
         self.parents = parents
         self.children = [collections.defaultdict(list, kids) for kids in children]
         self.caps = caps  # per tree: how many children a node may have (the origin's under None)
-        self.depth: list[dict[str | None, int]] = []
-        for kids in self.children:
-            depth: dict[str | None, int] = {None: 0}
-            queue = collections.deque([None])
-            while queue:
-                node = queue.popleft()
-                for c in kids.get(node, ()):
-                    depth[c] = depth[node] + 1
-                    queue.append(c)
-            self.depth.append(depth)
+        self.depth: list[dict[str | None, int]] = [{None: 0} for _ in self.children]
+        for t in range(len(self.children)):
+            self._set_depths(t, None)
 
     def topology(self) -> tuple[list[Parents], list[Children]]:
         """The live structures, not copies (every heartbeat reads them): callers must not change them."""
@@ -90,6 +83,19 @@ class Layout:
         par[pid] = best  # None: the origin
         kids[best].append(pid)
         depth[pid] = depth.get(best, 0) + 1
+        # Its subtree moves with it: stale depths there made a deep free place look shallow to the next
+        # orphans and newcomers.
+        self._set_depths(t, pid)
+
+    def _set_depths(self, t: int, top: str | None) -> None:
+        """The depths below `top` (None: the origin), from its own."""
+        kids, depth = self.children[t], self.depth[t]
+        queue = collections.deque([top])
+        while queue:
+            node = queue.popleft()
+            for c in kids.get(node, ()):
+                depth[c] = depth[node] + 1
+                queue.append(c)
 
     def _below(self, t: int, node: str | None, pid: str) -> bool:
         """Is `node` in `pid`'s subtree (so that hanging pid under it would make a cycle)?"""

@@ -8,6 +8,7 @@ are peer.py's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -202,10 +203,24 @@ class Membership:
             except TimeoutError:
                 pass
             self._hb_now.clear()
+            self._hb_started += 1
             try:
                 await self._heartbeat_once()
             except (FetchError, msgspec.DecodeError) as e:
                 log.warning("%s", e)
+            finally:
+                self._hb_finished = self._hb_started
+                async with self._hb_done:
+                    self._hb_done.notify_all()
+
+    async def _fresh_sources(self: Peer, timeout: float) -> None:
+        """Wait (at most `timeout`) for a heartbeat begun after now: the tracker's answer to what we just
+        reported, our new parents."""
+        want = self._hb_started + 1
+        self._hb_now.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout), self._hb_done:
+                await self._hb_done.wait_for(lambda: self._hb_finished >= want)
 
     async def _query_latest(self: Peer, after: int | None = None, wait: float = 0) -> int | None:
         assert self._session

@@ -118,6 +118,8 @@ class Peer(Membership, Sourcing):
         self._received = ReceiveMeter()  # per source: what came and how long it took (placement evidence)
         self._changed = asyncio.Condition()  # states/latest changed
         self._hb_now = asyncio.Event()
+        self._hb_started = self._hb_finished = 0  # heartbeats of the loop begun and done (membership.py)
+        self._hb_done = asyncio.Condition()
         self._tasks: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
         self._runner: web.AppRunner | None = None

@@ -5,8 +5,11 @@ answer is the peer's sources), remove on /leave, reap every heartbeat interval, 
 origin._judge does (a health probe of the accused; dead -> remove, two stall reporters -> demote). A peer
 fetches piece i down tree i mod k with `window` requests in flight per tree, tries its chain parent first,
 origin last, skipping blacklisted sources; a source that refuses or resets is reported and blacklisted for
-30 s; a held request unanswered for piece_wait gets a 503 (a stall report). A source sends a child's requests
-on one tree one at a time (serving.Turns; `turns=False`: all at once). Hashing costs no time here.
+30 s, and once the report is answered the piece is asked of the parents the next heartbeat brings (no sooner
+than the usual backoff; `fresh_after_dead=False`: of the next ancestor, as peer.py did before 2026-12-05);
+a held request unanswered for piece_wait gets a 503 (a stall report), and the next ancestor is asked once the
+report is answered. A source sends a child's requests on one tree one at a time (serving.Turns;
+`turns=False`: all at once). Hashing costs no time here.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ class SimPeer:
 class Swarm:
     def __init__(self, sim: Sim, origin: Host, trees: int, fanout: int, piece: int, window: int = 2,
                  heartbeat: float = 2.0, stall_timeout: float = 30.0, report_uploads: bool = True,
-                 turns: bool = True):
+                 turns: bool = True, fresh_after_dead: bool = True):
         self.sim, self.net = sim, Net(sim)
         self.origin = origin
         self.origin_url = "http://origin:1"
@@ -85,6 +88,7 @@ class Swarm:
         self.piece_wait = 0.6 * stall_timeout  # broadcast/peer.py serves with stall_timeout * 0.6
         self.report_uploads = report_uploads
         self.one_at_a_time = turns  # serving.py's Turns; False: a child's requests share its share
+        self.fresh_after_dead = fresh_after_dead  # False: a dead parent's piece goes to the next ancestor
         self.turns: dict[tuple[str, int, int], collections.deque] = {}  # (source, child, tree) -> queue
         self.peers: dict[str, SimPeer] = {}  # by url
         self.latest = 0
@@ -332,15 +336,25 @@ class Swarm:
             probe = 2 * self._lat(self.origin, accused) if accused else 0.0
             to_origin = self._lat(p.host, self.origin)
             self.sim.after(to_origin + probe, self._judge, p.pid, url, reason)
-            self.sim.after(2 * to_origin + probe, self._after_report, p, t, i, failures + 1)
+            self.sim.after(2 * to_origin + probe, self._after_report, req, reason)
         else:
             self.sim.after(min(0.1 * (failures + 1), 2.0), self._try, p, t, i, failures + 1)
 
-    def _after_report(self, p: SimPeer, t: int, i: int, failures: int) -> None:
+    def _after_report(self, req: list, reason: str) -> None:
+        """sourcing.py once its report is answered: a dead source's piece is asked anew of the parents the
+        next heartbeat brings; after any other failure, of the next ancestor in the chain at once."""
+        p, t, i, failures, chain, pos = req[0], req[1], req[2], req[3] + 1, req[4], req[5]
         self._heartbeat(p)  # peer.py sets _hb_now after a report
         if failures >= MAX_FAILURES_PER_PIECE:
             raise RuntimeError(f"p{p.idx}: piece {i} failed {failures} times (peer.py would give up)")
-        self.sim.after(min(0.1 * failures, 2.0), self._try, p, t, i, failures)
+        if reason == "dead" and self.fresh_after_dead:
+            # peer.py waits for the heartbeat that answers its report, and at least its usual backoff
+            wait = max(2 * self._lat(p.host, self.origin), min(0.1 * failures, 2.0))
+            self.sim.after(wait, self._try, p, t, i, failures)
+        elif pos + 1 < len(chain):
+            self._try(p, t, i, failures, chain, pos + 1)
+        else:
+            self.sim.after(min(0.1 * failures, 2.0), self._try, p, t, i, failures)
 
     def _judge(self, reporter: str, url: str, reason: str) -> None:
         """origin._judge for dead/stall reports (corrupt data is not simulated)."""

@@ -126,3 +126,30 @@ def test_overflow_goes_to_the_relay_with_most_room_not_the_origin():
     lay.caps[0]["small"] = 3
     lay.add("newer", ranked)
     assert lay.parents[0]["newer"] == "small"
+
+
+def test_a_rehomed_subtree_keeps_true_depths_and_newcomers_take_the_truly_shallowest_place():
+    """An orphan moves with its subtree: the depths below it move too. Stale ones made a deep free place look
+    shallow, and the next orphans and newcomers went under it."""
+    from broadcast.layout import Layout
+
+    def ranked(pid):
+        return True
+
+    tree = {None: ["R"], "R": ["M", "P"], "M": ["O1", "O2"], "O1": ["L1", "L2"], "O2": ["W2"], "P": ["Q"],
+            "Q": ["F"], "F": ["H"]}
+    cap = {None: 1, "R": 2, "M": 2, "O1": 2, "O2": 1, "W2": 1, "P": 1, "Q": 1, "F": 2, "H": 1, "L1": 0, "L2": 0}
+    parents = {c: p for p, cs in tree.items() for c in cs}
+    lay = Layout([parents], [tree], [cap])
+    lay.remove("M", ranked)  # O1 takes M's place under R; O2, with W2 below it, goes under F (depth 5)
+    assert lay.parents[0]["O1"] == "R" and lay.parents[0]["O2"] == "F"
+
+    def true_depth(node):
+        d = 0
+        while node is not None:
+            node, d = lay.parents[0][node], d + 1
+        return d
+
+    assert {n: lay.depth[0][n] for n in lay.parents[0]} == {n: true_depth(n) for n in lay.parents[0]}
+    lay.add("new", ranked)
+    assert lay.parents[0]["new"] == "H"  # depth 6, not under W2 (depth 7; W2 was recorded at 4)

@@ -7,6 +7,7 @@ schedule); the origin and the peer are the real ones."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -30,9 +31,11 @@ class Parent:
         self.origin, self.hold, self.answer_after, self.pace = origin, hold or {}, answer_after or {}, pace
         self.runner: web.AppRunner | None = None
         self.url = ""
+        self.asked: list[int] = []  # piece indices asked of it
 
     async def piece(self, request: web.Request) -> web.StreamResponse:
         v, i = int(request.match_info["v"]), int(request.match_info["i"])
+        self.asked.append(i)
         ref, n = self.origin.versions[v].pieces[i], len(self.origin.versions[v].pieces)
         delay = self.answer_after.get(i, self.answer_after.get(i - n, 0.0))  # -1: the last piece
         if delay is None:
@@ -162,3 +165,38 @@ def test_a_late_answer_from_a_parent_that_is_sending_other_pieces_is_waited_for(
     peer, parent, outcomes, took, origin = asyncio.run(race(tmp_path, kw, [0, 1]))
     assert outcomes == ["ok", "ok"] and peer.bypasses == 0
     assert list(peer.received) == [parent.url], peer.received
+
+
+def test_a_dead_parents_piece_is_asked_of_the_parents_the_tracker_gives_next_not_its_parent(tmp_path):
+    """A relay's death orphans all its children at once, and each asking the next ancestor piled them all
+    onto one uplink (the origin's, under a relay at the top): simulated at 1000 peers with 10% churn, a delta
+    took 2.32x the fluid bound on average over five draws, 1.76x asking the parents the tracker gives once
+    it has heard the report (docs/tree-simulation.md). The chain here: a dead parent, a grandparent, the origin;
+    the tracker's answer: the origin."""
+
+    async def main():
+        key = KeyPair.generate()
+        o = Origin(tmp_path / "origin", key, heartbeat_interval=0.3, piece_size=64 << 10)
+        await o.start()
+        await o.publish(make_version(tmp_path / "origin" / "v1", 1, 1 << 20), 1, None)
+        grandparent = Parent(o)
+        await grandparent.start()
+        with socket.socket() as s:  # a port nobody listens on: connections are refused, as to a dead relay
+            s.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+        peer = Peer(o.url, tmp_path / "p", key.public_bytes, relay=False, follow=False, stall_timeout=20,
+                    first_byte_timeout=FIRST_BYTE)
+        try:
+            await peer.start()
+            st = await asyncio.to_thread(peer.store.open_partial, await peer._get_manifest(1))
+            peer.sources, peer._sources_tag = [[dead, grandparent.url, o.url]] * peer.trees, ""
+            await peer._fetch_piece(st, 0, 0)
+            return peer, grandparent, o.url, dead
+        finally:
+            await peer.stop()
+            await grandparent.runner.cleanup()  # type: ignore[union-attr]
+            await o.stop()
+
+    peer, grandparent, origin, dead = asyncio.run(main())
+    assert grandparent.asked == [] and list(peer.received) == [origin]
+    assert dead in peer._blacklist
