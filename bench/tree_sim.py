@@ -46,10 +46,11 @@ def plan_churn(rng: random.Random, n: int, churn: float, window: float, dist: st
     return sorted(ev, key=lambda e: e[0])
 
 
-def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], args, measured: bool) -> dict:
+def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], args, measured: bool,
+             seed: int) -> dict:
     sim = Sim()
     o = Host("origin", origin.up, origin.down, origin.lat)
-    rng = random.Random(args.seed + 7)
+    rng = random.Random(seed + 7)
     with simulated_time(sim):
         sw = Swarm(sim, o, args.trees, args.fanout, args.piece, args.window, report_uploads=measured,
                    turns=not args.no_turns, fresh_after_dead=not args.next_ancestor)
@@ -121,11 +122,52 @@ def run_fluid(design: str, links: list[Link], origin: Link, size: int, churn: li
     return {"T": max(fin[i] for i in present), "bound": bound, "present": len(present), **extra}
 
 
+def run_seed(args, seed: int, out: dict) -> None:
+    """One draw of links and churn: every version and design, printed and added to out['rows']."""
+    rng = random.Random(seed)
+    links = [draw(args.dist, rng) for _ in range(args.n)]
+    origin = Link(args.origin_mbit * Mbit, args.origin_mbit * Mbit, 0.002)
+    print(f"N = {args.n}, links: {args.dist} = {DISTRIBUTIONS[args.dist]}; seed {seed}")
+    print(f"origin {args.origin_mbit:.0f} Mbit/s; {args.trees} trees, fanout {args.fanout}, window {args.window}; "
+          f"churn {args.churn:.0%} of N during the version; mean uplink "
+          f"{sum(lk.up for lk in links) / len(links) / Mbit:.1f} Mbit/s, min downlink "
+          f"{min(lk.down for lk in links) / Mbit:.1f} Mbit/s")
+    print(f"{'version':<7} {'S (MB)':>7} {'piece':>6} {'design':<11} {'T (s)':>8} {'bound (s)':>9} {'T/bound':>8}  note")
+    for kind in args.versions:
+        size = int(args.size_mb * MB * (args.delta_frac if kind == "delta" else 1.0))
+        if kind == "delta":  # the origin's own rule for a delta's pieces, unless given
+            args.piece = (args.delta_piece_kib << 10 if args.delta_piece_kib
+                          else delta_piece_size(size, args.piece_kib << 10))
+        else:
+            args.piece = (args.piece_kib << 10) * args.batch
+        args.warmup_size = int(args.size_mb * MB * (args.warmup_frac or args.delta_frac))
+        b0 = fluid_bound(size, origin.up, links)
+        churn = plan_churn(random.Random(seed + 1), args.n, args.churn, b0 / 2, args.dist)
+        for design in args.designs:
+            t0 = time.process_time()
+            if design.startswith("tree"):
+                r = run_tree(links, origin, size, churn, args, measured=design == "tree", seed=seed)
+                note = (f"warm-ups {r['warmup_T']} s; {r['present']} present; reports {r['reports']} "
+                        f"(warm-ups {r['warmup_reports']}); "
+                        f"{r['events'] / 1e6:.2f}M events")
+                if r["missing"]:
+                    note += f"; {r['missing']} never finished"
+            else:
+                r = run_fluid(design, links, origin, size, churn, random.Random(seed + 2))
+                note = f"fluid; {r['present']} present" + (f"; {r['relays']} relays" if "relays" in r else "")
+            r.update(seed=seed, version=kind, size=size, piece=args.piece, design=design, ratio=r["T"] / r["bound"],
+                     cpu_s=time.process_time() - t0)
+            out["rows"].append(r)
+            print(f"{kind:<7} {size / MB:>7.1f} {args.piece >> 10:>4}Ki {design:<11} {r['T']:>8.2f} {r['bound']:>9.2f} "
+                  f"{r['ratio']:>8.2f}  {note}; {r['cpu_s']:.0f} s CPU", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--dist", default="home-mix", choices=sorted(DISTRIBUTIONS))
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, nargs="+", default=[1],
+                    help="one run per seed, each drawing links and churn anew; with several, a summary")
     ap.add_argument("--size-mb", type=float, default=270.0, help="full version (SmolLM2-135M in bf16)")
     ap.add_argument("--delta-frac", type=float, default=0.05)
     ap.add_argument("--versions", nargs="+", default=["full", "delta"], choices=["full", "delta"])
@@ -153,44 +195,17 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
-    rng = random.Random(args.seed)
-    links = [draw(args.dist, rng) for _ in range(args.n)]
-    origin = Link(args.origin_mbit * Mbit, args.origin_mbit * Mbit, 0.002)
-    print(f"N = {args.n}, links: {args.dist} = {DISTRIBUTIONS[args.dist]}; seed {args.seed}")
-    print(f"origin {args.origin_mbit:.0f} Mbit/s; {args.trees} trees, fanout {args.fanout}, window {args.window}; "
-          f"churn {args.churn:.0%} of N during the version; mean uplink "
-          f"{sum(lk.up for lk in links) / len(links) / Mbit:.1f} Mbit/s, min downlink "
-          f"{min(lk.down for lk in links) / Mbit:.1f} Mbit/s")
-    print(f"{'version':<7} {'S (MB)':>7} {'piece':>6} {'design':<11} {'T (s)':>8} {'bound (s)':>9} {'T/bound':>8}  note")
     out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
            "distribution": DISTRIBUTIONS[args.dist], "rows": []}
-    for kind in args.versions:
-        size = int(args.size_mb * MB * (args.delta_frac if kind == "delta" else 1.0))
-        if kind == "delta":  # the origin's own rule for a delta's pieces, unless given
-            args.piece = (args.delta_piece_kib << 10 if args.delta_piece_kib
-                          else delta_piece_size(size, args.piece_kib << 10))
-        else:
-            args.piece = (args.piece_kib << 10) * args.batch
-        args.warmup_size = int(args.size_mb * MB * (args.warmup_frac or args.delta_frac))
-        b0 = fluid_bound(size, origin.up, links)
-        churn = plan_churn(random.Random(args.seed + 1), args.n, args.churn, b0 / 2, args.dist)
-        for design in args.designs:
-            t0 = time.process_time()
-            if design.startswith("tree"):
-                r = run_tree(links, origin, size, churn, args, measured=design == "tree")
-                note = (f"warm-ups {r['warmup_T']} s; {r['present']} present; reports {r['reports']} "
-                        f"(warm-ups {r['warmup_reports']}); "
-                        f"{r['events'] / 1e6:.2f}M events")
-                if r["missing"]:
-                    note += f"; {r['missing']} never finished"
-            else:
-                r = run_fluid(design, links, origin, size, churn, random.Random(args.seed + 2))
-                note = f"fluid; {r['present']} present" + (f"; {r['relays']} relays" if "relays" in r else "")
-            r.update(version=kind, size=size, piece=args.piece, design=design, ratio=r["T"] / r["bound"],
-                     cpu_s=time.process_time() - t0)
-            out["rows"].append(r)
-            print(f"{kind:<7} {size / MB:>7.1f} {args.piece >> 10:>4}Ki {design:<11} {r['T']:>8.2f} {r['bound']:>9.2f} "
-                  f"{r['ratio']:>8.2f}  {note}; {r['cpu_s']:.0f} s CPU", flush=True)
+    for seed in args.seed:
+        run_seed(args, seed, out)
+    if len(args.seed) > 1:  # each seed draws links and churn anew: one seed is one draw, not the design
+        print(f"over seeds {', '.join(map(str, args.seed))}: T/bound")
+        for kind in args.versions:
+            for design in args.designs:
+                rs = [r["ratio"] for r in out["rows"] if r["version"] == kind and r["design"] == design]
+                print(f"{kind:<7} {design:<11} mean {sum(rs) / len(rs):.2f}  min {min(rs):.2f}  max {max(rs):.2f}  "
+                      f"({', '.join(f'{x:.2f}' for x in rs)})")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, default=str))
         print(f"wrote {args.json}")

@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     size, rate = int(args.size_mib * MiB), args.rate_mib * MiB
-    args.fanout, args.seed, args.piece = args.trees, 0, args.piece_kib << 10
+    args.fanout, args.piece = args.trees, args.piece_kib << 10
     args.warmup_size, args.warmups, args.no_turns = size, 1, False  # the real peers take turns (serving.py)
     args.next_ancestor = False  # and ask the parents the tracker gives after a dead one (sourcing.py)
     print(f"S = {args.size_mib} MiB, B = {args.rate_mib} MiB/s per uplink (origin too), S/B = {size / rate:.2f} s, "
@@ -44,7 +44,7 @@ def main() -> None:
             real = asyncio.run(run_ours("tree", n, size, rate, args.piece, args.trees, args.workers, args.window,
                                         Path(td), 4 * size / rate + 30))
         links = [Link(rate, math.inf, 0.0001) for _ in range(n)]
-        sim = run_tree(links, Link(rate, math.inf, 0.0001), size, [], args, measured=False)
+        sim = run_tree(links, Link(rate, math.inf, 0.0001), size, [], args, measured=False, seed=0)
         ratio = sim["T"] / real["T"] if real.get("T") else None
         rows.append({"N": n, "real_T": real.get("T"), "real_error": real.get("error"), "sim_T": sim["T"],
                      "ratio": ratio, "real_cpu_frac_of_2_cores": real.get("cpu_frac_of_2_cores")})
