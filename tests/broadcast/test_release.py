@@ -31,7 +31,7 @@ def test_a_piece_nobody_sends_stalls_the_rest_once_only():
         assert 0.15 < time.monotonic() - t0 < 1.0
         t0 = time.monotonic()
         await r.wait_turn(51)  # and the frontier moved past them, so the next one is not held again
-        assert time.monotonic() - t0 < 0.05
+        assert time.monotonic() - t0 < 0.15  # held again would be max_wait (0.2 s); slack for a loaded CI
 
     asyncio.run(scenario())
 

@@ -123,7 +123,7 @@ def test_a_parent_holding_a_piece_on_its_way_is_waited_for(tmp_path):
     assert list(peer.received) == [parent.url], peer.received
     assert took >= 1.5
     # Placement's evidence of its uplink counts the 0.2 s it was sending, not the hold.
-    assert 0.15 < peer.evidence[parent.url].seconds < 0.4, peer.evidence
+    assert 0.15 < peer.evidence[parent.url].seconds < 1.0, peer.evidence  # the hold (1.5 s) would be in it
 
 
 @pytest.mark.parametrize("yardstick", ["latency", "other trees"])
