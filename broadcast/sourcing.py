@@ -56,7 +56,6 @@ class _Try:
         self.outcome = ""
         self.pieces_at_start = pieces_at_start  # the peer's verified-piece count when it was sent
         self.gone_around_at = 0.0  # when the race judged it silent and asked the next ancestor (0: never)
-        self.answered_before_bypass = False
 
 
 class Sourcing:
@@ -156,8 +155,7 @@ class Sourcing:
                 wait = self._silent(list(tries.values())[-1]) if pos < len(chain) else None
                 if wait == 0:  # the newest request is silent: go around it
                     self.bypasses += 1
-                    newest = list(tries.values())[-1]
-                    newest.gone_around_at, newest.answered_before_bypass = time.monotonic(), newest.answered
+                    list(tries.values())[-1].gone_around_at = time.monotonic()
                     ask_next()
                     continue
                 done, _ = await asyncio.wait(tries, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
@@ -201,7 +199,8 @@ class Sourcing:
         loaded machine), and a source silent then and since is silent."""
         if tr.gone_around_at:
             # Answered by then: silent means no bytes; unanswered: not even an answer.
-            last = (self._last_bytes.get(tr.src, (0.0, 0))[0] if tr.answered_before_bypass
+            answered_by_then = tr.answered and tr.answered_at <= tr.gone_around_at
+            last = (self._last_bytes.get(tr.src, (0.0, 0))[0] if answered_by_then
                     else self._last_heard.get(tr.src, 0.0))
             if last < tr.gone_around_at:
                 return True

@@ -29,6 +29,11 @@ TEMP_BLACKLIST_S = 30.0  # as broadcast/peer.py
 MAX_FAILURES_PER_PIECE = 20
 
 
+def _backoff(failures: int) -> float:
+    """peer.py's wait before asking again after `failures` failed races (sourcing._fetch_piece)."""
+    return min(0.1 * failures, 2.0)
+
+
 class _SimClock:
     """Stands in for the `time` module inside broadcast.tracker, so liveness runs on simulated seconds."""
 
@@ -338,7 +343,7 @@ class Swarm:
             self.sim.after(to_origin + probe, self._judge, p.pid, url, reason)
             self.sim.after(2 * to_origin + probe, self._after_report, req, reason)
         else:
-            self.sim.after(min(0.1 * (failures + 1), 2.0), self._try, p, t, i, failures + 1)
+            self.sim.after(_backoff(failures + 1), self._try, p, t, i, failures + 1)
 
     def _after_report(self, req: list, reason: str) -> None:
         """sourcing.py once its report is answered: a dead source's piece is asked anew of the parents the
@@ -349,12 +354,12 @@ class Swarm:
             raise RuntimeError(f"p{p.idx}: piece {i} failed {failures} times (peer.py would give up)")
         if reason == "dead" and self.fresh_after_dead:
             # peer.py waits for the heartbeat that answers its report, and at least its usual backoff
-            wait = max(2 * self._lat(p.host, self.origin), min(0.1 * failures, 2.0))
+            wait = max(2 * self._lat(p.host, self.origin), _backoff(failures))
             self.sim.after(wait, self._try, p, t, i, failures)
         elif pos + 1 < len(chain):
             self._try(p, t, i, failures, chain, pos + 1)
         else:
-            self.sim.after(min(0.1 * failures, 2.0), self._try, p, t, i, failures)
+            self.sim.after(_backoff(failures), self._try, p, t, i, failures)
 
     def _judge(self, reporter: str, url: str, reason: str) -> None:
         """origin._judge for dead/stall reports (corrupt data is not simulated)."""
