@@ -3,7 +3,7 @@ freeze (SIGSTOP, then SIGCONT), and survives a SIGKILL of the trainer itself.
 
 Asserted: steps keep completing after each fault; the accounting balances (every accepted group is in
 exactly one trained batch or dropped with a reason); replaying the recorded batches from the starting
-policy gives exactly the final model; the reward rises.
+policy gives exactly the final model; held-out accuracy rises.
 """
 
 from __future__ import annotations
@@ -142,9 +142,14 @@ def test_churn_crash_and_resume(tmp_path, procs):
     after = {nid for b in Ledger(run_dir, write=False).read_batches() if b.step > ckpt_step for nid, *_ in b.groups}
     assert revived <= after
 
-    steps = summary["steps"]
+    # It learns through all of it: judged on the held-out greedy evaluation (120 problems), not on the
+    # training reward of a few steps of 8 prompts, whose noise is as large as the run's gain (CI saw the
+    # mean of the last 8 steps 0.003 under the first 8's while held-out accuracy had risen to 0.72).
+    steps, evals = summary["steps"], summary["evals"]
     first = sum(r["reward_mean"] for r in steps[:8]) / 8
     last = sum(r["reward_mean"] for r in steps[-8:]) / 8
-    print(f"reward: first 8 steps {first:.3f}, last 8 steps {last:.3f}")
-    assert last > first
+    print(f"reward: first 8 steps {first:.3f}, last 8 steps {last:.3f}; held-out accuracy",
+          [(e["step"], e["accuracy"]) for e in evals])
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == STEPS
+    assert evals[-1]["accuracy"] > evals[0]["accuracy"], evals
     torch.set_num_threads(1)
