@@ -7,7 +7,9 @@ the fluid bound max(S/u_origin, S/d_min, N*S/(u_origin + sum of uplinks)) and wi
   shardcast   origin -> ceil(sqrt(N)) relays with server links -> peers (fluid model, its best case)
 
 Each tree run first sends --warmups versions (delta-sized, no churn): the tree has carried versions before,
-and the tracker has measured uplinks (the first warm-up runs on the join-order layout). Then the
+and the tracker has measured uplinks. The peers join in the first second and the first warm-up leaves at
+--first-version-s; it is laid out by the origin's probes of uplinks done by then (broadcast/uplink_probe.py;
+--no-probes: the join-order layout). Then the
 measured version with churn: churn*N/2 peers leave (half post /leave, half die) and churn*N/2 arrive at
 uniform times in [0, B/2] after publishing (B = the bound of the starting swarm). T runs from publishing
 until every peer present at the end holds the version. The bound adds max(a + S/d) over arrivals.
@@ -53,12 +55,15 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
     rng = random.Random(seed + 7)
     with simulated_time(sim):
         sw = Swarm(sim, o, args.trees, args.fanout, args.piece, args.window, report_uploads=measured,
-                   turns=not args.no_turns, fresh_after_dead=not args.next_ancestor)
+                   turns=not args.no_turns, fresh_after_dead=not args.next_ancestor,
+                   probes=not args.no_probes)
         peers = [SimPeer(i, Host(f"p{i}", lk.up, lk.down, lk.lat)) for i, lk in enumerate(links)]
         for p in peers:
             sim.at(rng.uniform(0, 1.0), sw.arrive, p)
         sw.on_all_done = lambda: setattr(sim, "stopped", True)
-        warm_T, t_pub = [], 3.0
+        warm_T, t_pub = [], args.first_version_s
+        probed: list[int] = []  # relays the origin had timed when the first version left
+        sim.at(t_pub, lambda: probed.append(len(sw.tracker.uploads.probed)))
         for v in range(1, args.warmups + 1):
             sim.stopped = False
             sim.at(t_pub, sw.publish, v, args.warmup_size)
@@ -95,7 +100,7 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
         missing = sum(last not in p.done_at for p in present)
         T = max(p.done_at.get(last, math.inf) for p in present) - t_pub
         bound = fluid_bound(size, origin.up, [Link(p.host.up, p.host.down, 0) for p in present], arrivals)
-    return {"T": T, "bound": bound, "warmup_T": warm_T, "present": len(present), "missing": missing,
+    return {"T": T, "bound": bound, "warmup_T": warm_T, "probed_at_first": probed[0], "present": len(present), "missing": missing,
             "events": sim.events, "reports": dict(sw.reports), "warmup_reports": warm_reports,
             "tracker_peers": len(sw.tracker.peers)}
 
@@ -147,7 +152,8 @@ def run_seed(args, seed: int, out: dict) -> None:
             t0 = time.process_time()
             if design.startswith("tree"):
                 r = run_tree(links, origin, size, churn, args, measured=design == "tree", seed=seed)
-                note = (f"warm-ups {r['warmup_T']} s; {r['present']} present; reports {r['reports']} "
+                note = (f"warm-ups {r['warmup_T']} s ({r['probed_at_first']} probed by the first); "
+                        f"{r['present']} present; reports {r['reports']} "
                         f"(warm-ups {r['warmup_reports']}); "
                         f"{r['events'] / 1e6:.2f}M events")
                 if r["missing"]:
@@ -191,6 +197,12 @@ def main() -> None:
     ap.add_argument("--next-ancestor", action="store_true",
                     help="a dead parent's piece is asked of the next ancestor, not of the parents the tracker "
                          "gives after the report (peer.py before 2026-12-05)")
+    ap.add_argument("--first-version-s", type=float, default=3.0,
+                    help="when the first warm-up is published; the peers join in the first second (the time the "
+                         "origin has to probe their uplinks before any version)")
+    ap.add_argument("--no-probes", action="store_true",
+                    help="the origin does not time relays' uplinks at join (broadcast/uplink_probe.py; before "
+                         "2026-12-05): the first version runs on the join-order layout")
     ap.add_argument("--origin-mbit", type=float, default=1000.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

@@ -27,6 +27,7 @@ from .release import InOrderRelease
 from .serving import MAX_VERSION, Turns, parse_int, serve_piece
 from .store import VersionState
 from .tracker import Tracker, TrackerError
+from .uplink_probe import UplinkProber
 
 log = logging.getLogger("broadcast.origin")
 
@@ -60,13 +61,11 @@ class Origin:
         `full_every`: every K-th version goes out whole, the others as deltas against the one before
         (broadcast/delta.py); 1 sends every version whole. `piece_size` 0: chosen per version from its size
         (manifest.auto_piece_size)."""
-        self.root_dir = Path(root_dir).resolve()
-        self.keypair = keypair
+        self.root_dir, self.keypair = Path(root_dir).resolve(), keypair
         self.host, self.port = host, port
         self.fanout, self.keep = fanout, keep
         self.trees = trees or fanout
-        self.piece_size = piece_size
-        self.piece_wait = piece_wait
+        self.piece_size, self.piece_wait = piece_size, piece_wait
         self.limiter = RateLimiter(upload_rate)
         self.heartbeat_interval = heartbeat_interval
         self.versions: dict[int, VersionState] = {}
@@ -75,13 +74,12 @@ class Origin:
         self._since_full = 0
         self.latest: int | None = None
         self.tracker: Tracker | None = None
-        self.max_peers = max_peers
-        self.allow_private = allow_private
+        self.max_peers, self.allow_private = max_peers, allow_private
         self.on_ban: Callable[[str, str], None] | None = None  # confirmed corruption: (key hex, reason)
         self._judge: Judge | None = None
         self._prober: Prober | None = None
-        self._join_limit = KeyedBuckets(*joins_per_address)
-        self._key_limit = KeyedBuckets(*joins_per_key)
+        self._uplinks: UplinkProber | None = None  # times relays' uplinks before any child has
+        self._join_limit, self._key_limit = KeyedBuckets(*joins_per_address), KeyedBuckets(*joins_per_key)
         self._report_limit = KeyedBuckets(1.0, 5.0)  # keys with standing
         self._fresh_report_limit = KeyedBuckets(0.2, 3.0)  # keys without: a report costs the origin a probe
         self._doctor_limit = KeyedBuckets(0.5, 3.0)
@@ -133,6 +131,7 @@ class Origin:
                                               connector=aiohttp.TCPConnector(limit=64, force_close=True))
         self._prober = Prober(self._session)
         self._judge = Judge(self.tracker, self._prober, lambda: self.versions, self._banned_here)
+        self._uplinks = UplinkProber(self.tracker, self._session, self._spawn)
         self._tasks.append(asyncio.create_task(self._reaper()))
         log.info("origin at %s, trainer key %s, %d trees, fanout %d", self._url, self.keypair.fingerprint,
                  self.trees, self.fanout)
@@ -296,12 +295,13 @@ class Origin:
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
         msg: PeerHeartbeat = await self._body(request, PeerHeartbeat)
-        assert self.tracker and self._judge
+        assert self.tracker and self._judge and self._uplinks
         if msg.peer_id in self.tracker.peers and (wait := self._hb_limit.take(msg.peer_id)):
             self.tracker.count("rate_limited")
             raise web.HTTPTooManyRequests(text=f"heartbeats come once per interval: retry in {wait:.1f}s")
         out = self._tracker_call(self.tracker.heartbeat, msg, self.latest)
         self._judge.maybe_prove(self.tracker.peers[msg.peer_id])
+        self._uplinks.after_heartbeat(self.tracker.peers[msg.peer_id])
         return _json(out.for_peer(msg.sources_tag))
 
     async def _leave(self, request: web.Request) -> web.Response:

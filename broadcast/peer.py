@@ -34,6 +34,7 @@ from .receive_meter import ReceiveMeter
 from .serving import MAX_VERSION, Turns, parse_int, serve_piece
 from .sourcing import MIN_FIRST_BYTE_S, Sourcing
 from .store import Store, VersionState
+from .uplink_probe import PROBE_PATH, ProbeServer
 
 __all__ = ["Evicted", "FetchError", "Peer"]
 log = logging.getLogger("broadcast.peer")
@@ -139,6 +140,7 @@ class Peer(Membership, Sourcing):
             [
                 web.get("/health", self._health),
                 web.get("/reach", self._reach),
+                web.get(PROBE_PATH, ProbeServer(self.limiter, lambda: self._token).handle),  # the tracker's
                 web.get("/v/{version}/manifest", self._manifest),
                 web.get("/v/{version}/piece/{index}", self._piece),
             ]

@@ -52,6 +52,7 @@ class UploadMeter:
         self._seen: dict[str, dict[str, list[float]]] = {}  # source url -> child -> [bytes, seconds]
         self.estimate: dict[str, float] = {}  # source url -> latest uplink estimate
         self.placed: dict[str, float] = {}  # the estimates the current layout uses
+        self.probed: dict[str, float] = {}  # the origin's own timing of relays no child has measured yet
 
     def note(self, received: dict, reporter: str = "") -> None:
         for url, r in list(received.items())[:64]:
@@ -72,6 +73,16 @@ class UploadMeter:
             best = max(b / max(sec, MIN_SECONDS) for b, sec in children.values())
             self.estimate[url] = min(max(best, sent / longest), MAX_RATE)
 
+    def note_probe(self, url: str, rate: float) -> None:
+        """The origin timed a download from `url` (broadcast/uplink_probe.py): a lower bound on its uplink,
+        used until a version's children measure it. Not frozen with the estimates: a layout is made between
+        versions or for a new one, never mid-version, so no probe moves anyone while a version is in flight."""
+        if len(self.probed) < MAX_SOURCES or url in self.probed:
+            self.probed[url] = min(max(rate, 0.0), MAX_RATE)
+
+    def uplink(self, url: str) -> float | None:
+        return self.placed.get(url) or self.probed.get(url)
+
     def new_epoch(self, epoch: int, live_urls: set[str]) -> bool:
         """A new version: freeze the estimates for the layout; True if they changed."""
         if epoch == self.epoch:
@@ -79,6 +90,7 @@ class UploadMeter:
         self.epoch = epoch
         self._seen.clear()
         self.estimate = {u: e for u, e in self.estimate.items() if u in live_urls}
+        self.probed = {u: e for u, e in self.probed.items() if u in live_urls}
         changed = self.placed != self.estimate
         self.placed = dict(self.estimate)
         return changed

@@ -29,8 +29,7 @@ PENALTY_DECAY_S = 60.0  # one unconfirmed report forgiven per minute
 class TrackerError(Exception):
     def __init__(self, status: int, msg: str, reason: str = "refused"):
         super().__init__(msg)
-        self.status = status
-        self.reason = reason
+        self.status, self.reason = status, reason
 
 
 @dataclass
@@ -70,14 +69,10 @@ class Tracker:
                  max_peers: int = 1000, penalty_limit: float = 5.0, prove_bytes: int = 1 << 16):
         if trees < 1 or fanout < 1:
             raise ValueError("trees and fanout must be >= 1")
-        self.origin_url = origin_url
-        self.trees = trees
-        self.fanout = fanout
+        self.origin_url, self.trees, self.fanout = origin_url, trees, fanout
         self.heartbeat_interval = heartbeat_interval
         self.dead_after = 3 * heartbeat_interval + 1.0
-        self.max_peers = max_peers
-        self.penalty_limit = penalty_limit
-        self.prove_bytes = prove_bytes
+        self.max_peers, self.penalty_limit, self.prove_bytes = max_peers, penalty_limit, prove_bytes
         self.peers: dict[str, PeerRec] = {}
         self.banned: dict[str, Banned] = {}  # by peer_id (what a banned member's heartbeats are told)
         self.banned_keys: dict[str, Banned] = {}
@@ -142,16 +137,16 @@ class Tracker:
         return rec is not None and self._ranked(rec)
 
     # -- the layout: afresh when nothing is in flight, repaired in place while a version is ---------------
-    def _in_flight(self) -> bool:
+    def in_flight(self) -> bool:
         return self.latest is not None and any(self.latest not in p.complete for p in self.peers.values())
 
     def _relayout(self) -> None:
         """Something the layout depends on changed: lay out afresh, unless that would move peers mid-version."""
-        if not self._in_flight():
+        if not self.in_flight():
             self._layout = None
 
     def _repair(self, how: str, peer_id: str) -> None:
-        if self._layout is None or not self._in_flight():
+        if self._layout is None or not self.in_flight():
             self._layout = None
         else:
             getattr(self._layout, how)(peer_id, self._ranked_id)
@@ -322,7 +317,7 @@ class Tracker:
         """Per tree: parent of each peer (None = origin) and children of each node (None key = origin)."""
         if self._layout is None:
             ordered = sorted(self.peers.values(), key=lambda p: p.seq)
-            if self.uploads.placed:
+            if self.uploads.placed or self.uploads.probed:
                 self._layout = self._measured_layout(ordered)
             else:
                 self._layout = join_order_layout(
@@ -347,17 +342,22 @@ class Tracker:
         if received:
             self.uploads.note(received, rec.key)
 
+    def probed(self, rec: PeerRec, rate: float) -> None:
+        """The origin timed a download from this relay (broadcast/uplink_probe.py): the next layout uses it."""
+        self.uploads.note_probe(rec.url or "", rate)
+        self._relayout()
+
     def _measured_layout(self, ordered: list[PeerRec]) -> Layout:
         """Peers with standing (or a measured uplink) are laid out by uplink; fresh keys are leaves in the
         spare places: they may not size the trees (24 fresh relays that never downloaded made the honest
         relays' tree nearly a star, and their versions 2.8x slower)."""
-        placed = self.uploads.placed
-        sized = {p.peer_id for p in ordered if self._ranked(p) or p.url in placed}
+        up = self.uploads
+        sized = {p.peer_id for p in ordered if self._ranked(p) or p.url in up.placed}
         keep, fresh = [p for p in ordered if p.peer_id in sized], [p for p in ordered if p.peer_id not in sized]
-        cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, placed.get(p.url) if p.url else None)
+        cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, up.uplink(p.url) if p.url else None)
                  for p in keep]
         group, parents, children, caps = measured_layout(cands, self.trees, self.fanout,
-                                                         placed.get(self.origin_url), len(fresh))
+                                                         up.placed.get(self.origin_url), len(fresh))
         for p in keep:
             p.group = group[p.peer_id]
         layout = Layout(parents, children, caps)

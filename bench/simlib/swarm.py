@@ -22,6 +22,8 @@ import broadcast.tracker as tracker_mod
 from broadcast.messages import Join, PeerHeartbeat
 from broadcast.receive_meter import ReceiveMeter
 from broadcast.tracker import Tracker, TrackerError
+from broadcast.uplink_probe import MAX_IN_FLIGHT as MAX_PROBES_IN_FLIGHT
+from broadcast.uplink_probe import PROBE_BYTES, wants_probe
 
 from .engine import Host, Net, Sim, Xfer
 
@@ -83,7 +85,7 @@ class SimPeer:
 class Swarm:
     def __init__(self, sim: Sim, origin: Host, trees: int, fanout: int, piece: int, window: int = 2,
                  heartbeat: float = 2.0, stall_timeout: float = 30.0, report_uploads: bool = True,
-                 turns: bool = True, fresh_after_dead: bool = True):
+                 turns: bool = True, fresh_after_dead: bool = True, probes: bool = True):
         self.sim, self.net = sim, Net(sim)
         self.origin = origin
         self.origin_url = "http://origin:1"
@@ -94,6 +96,10 @@ class Swarm:
         self.report_uploads = report_uploads
         self.one_at_a_time = turns  # serving.py's Turns; False: a child's requests share its share
         self.fresh_after_dead = fresh_after_dead  # False: a dead parent's piece goes to the next ancestor
+        self.probes = probes  # False: no uplink probes, as before 2026-12-05
+        self._probe_pending: set[str] = set()  # urls queued or being probed
+        self._probe_queue: collections.deque[SimPeer] = collections.deque()
+        self._probing = 0
         self.turns: dict[tuple[str, int, int], collections.deque] = {}  # (source, child, tree) -> queue
         self.peers: dict[str, SimPeer] = {}  # by url
         self.latest = 0
@@ -187,9 +193,46 @@ class Swarm:
                 self.sim.after(p.host.lat + self.origin.lat, self._join, p)
             return
         self.sim.after(p.host.lat + self.origin.lat, self._set_sources, p, ans.sources)
+        self._maybe_probe(p)
 
     def _set_sources(self, p: SimPeer, sources: list[list[str]]) -> None:
         p.sources = sources
+
+    # -- the origin's uplink probes (broadcast/uplink_probe.py) ---------------------------------------------
+    def _maybe_probe(self, p: SimPeer) -> None:
+        """After a heartbeat, as origin.py (UplinkProber): a relay with standing that nothing has measured
+        is timed, while its uplink is idle (uplink_probe.wants_probe), 16 at a time."""
+        rec = self.tracker.peers.get(p.pid)
+        if not self.probes or rec is None or p.url in self._probe_pending or not wants_probe(self.tracker, rec):
+            return
+        self._probe_pending.add(p.url)
+        self._probe_queue.append(p)
+        self._next_probe()
+
+    def _next_probe(self) -> None:
+        while self._probing < MAX_PROBES_IN_FLIGHT and self._probe_queue:
+            p = self._probe_queue.popleft()
+            rec = self.tracker.peers.get(p.pid)
+            if p.host.alive and rec is not None and wants_probe(self.tracker, rec):  # checked again, as origin.py
+                self._probing += 1
+                self.sim.after(self._lat(p.host, self.origin), self._probe_start, p)  # the request's way
+            else:
+                self._probe_pending.discard(p.url)
+
+    def _probe_start(self, p: SimPeer) -> None:
+        if not p.host.alive:
+            self._probe_end(p, 0.0, False)
+            return
+        t0 = self.sim.now  # the answer's first bytes leave now and arrive one latency later, as the last do
+        self.net.start(p.host, self.origin, PROBE_BYTES, lambda x, ok: self._probe_end(p, t0, ok))
+
+    def _probe_end(self, p: SimPeer, t0: float, ok: bool) -> None:
+        self._probing -= 1
+        self._probe_pending.discard(p.url)
+        rec = self.tracker.peers.get(p.pid)
+        if ok and rec is not None and rec.url == p.url:
+            self.tracker.probed(rec, PROBE_BYTES / max(self.sim.now - t0, 1e-3))
+        self._next_probe()
 
     # -- a version ---------------------------------------------------------------------------------------
     def publish(self, v: int, size: int) -> None:

@@ -8,6 +8,7 @@ from broadcast.messages import Join, PeerHeartbeat, Received
 from broadcast.placement import Candidate, UploadMeter, max_children, measured_layout
 from broadcast.receive_meter import ReceiveMeter, sending_started
 from broadcast.tracker import Tracker
+from broadcast.uplink_probe import wants_probe
 
 Mbit = 1e6 / 8
 
@@ -116,3 +117,37 @@ def test_a_fresh_key_cannot_place_itself_by_reporting_uplinks():
     tr.heartbeat(PeerHeartbeat(liar.peer_id, liar.token, recent=rec), latest=1)
     tr.heartbeat(PeerHeartbeat(liar.peer_id, liar.token), latest=2)
     assert not tr.uploads.placed
+
+
+def test_a_new_swarm_is_laid_out_by_the_origins_probes_of_relays_with_standing():
+    """Before any version, the origin's timing of each relay (broadcast/uplink_probe.py) places it: the
+    fast ones on top, the slow ones leaves. A fresh key is never probed, nor sized by a probe; and a probe
+    that lands while a version is in flight moves nobody."""
+    tr = Tracker("http://o:1", trees=2, fanout=2)
+    joined = [tr.join(Join(f"http://h{i}:1", True, f"p{i}"), key=f"k{i}") for i in range(12)]
+    for i in range(10):
+        tr.set_trusted(f"k{i}")
+    recs = [tr.peers[j.peer_id] for j in joined]
+    assert [wants_probe(tr, r) for r in recs] == [True] * 10 + [False] * 2
+    for r, up in zip(recs, [400, 2] + [40] * 9 + [1000], strict=True):
+        tr.probed(r, up * Mbit)
+    assert not any(wants_probe(tr, r) for r in recs)
+    parents, children = tr.topology()
+    fast, slow = recs[0].peer_id, recs[1].peer_id
+    assert recs[1].group is None  # too slow to relay: a leaf everywhere
+    g = recs[0].group
+    assert parents[g][fast] is None and len(children[g][fast]) > 2  # at the top, with more than fanout
+    fresh = {recs[10].peer_id, recs[11].peer_id}  # 11 was "probed" at 1000 Mbit/s: it does not matter
+    for t in range(2):
+        assert set(parents[t]) == set(tr.peers) and slow not in children[t]
+        assert not any(parents[t][r.peer_id] in fresh for r in recs[:10])  # nobody with standing below them
+    # A version in flight: a probe that lands now (a fast newcomer's) waits for the next layout.
+    for j in joined:
+        tr.heartbeat(PeerHeartbeat(j.peer_id, j.token), latest=1)
+    before = copy.deepcopy(tr.topology())
+    late = tr.join(Join("http://h12:1", True, "p12"), key="k12")
+    tr.set_trusted("k12")
+    tr.probed(tr.peers[late.peer_id], 900 * Mbit)
+    after = tr.topology()
+    assert all(after[0][t][p] == before[0][t][p] for t in range(2) for p in before[0][t])
+    assert tr.peers[late.peer_id].group is None or not any(after[1][t].get(late.peer_id) for t in range(2))

@@ -1,0 +1,69 @@
+"""The origin's uplink probe against real relay processes: it times each relay with standing, the figure
+places it before any version, and only the tracker can make a relay spend its uplink on a probe."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from bc_helpers import Cluster
+
+from broadcast.uplink_probe import HEADER, PROBE_BYTES, PROBE_PATH, probe_auth
+from swarm_common.keys import KeyPair
+
+pytestmark = pytest.mark.timeout(120)
+RATES = {"fast": 4e6, "slow": 0.5e6, "fresh": 4e6}  # bytes/s: each relay's --upload-rate
+
+
+def test_relays_with_standing_are_timed_and_placed_before_any_version(tmp_path):
+    asyncio.run(_timed_and_placed(tmp_path))
+
+
+async def _timed_and_placed(tmp_path) -> None:
+    async with Cluster(tmp_path, fanout=2) as c:
+        assert c.origin and c.origin.tracker
+        tr = c.origin.tracker
+        for name in ("fast", "slow"):  # the operator's own relays; "fresh" is a stranger
+            c.origin.set_standing(KeyPair.load_or_create(c.data_dir(name) / "relay.key").public_hex)
+        for name, rate in RATES.items():
+            await c.spawn(name, rate=rate)
+        urls = {n: p.url for n, p in c.names().items()}  # type: ignore[attr-defined]
+        await c.wait(lambda: {urls["fast"], urls["slow"]} <= set(tr.uploads.probed), 30, "both probes")
+        for name in ("fast", "slow"):
+            got = tr.uploads.probed[urls[name]]
+            print(f"{name}: probed {got / 1e6:.2f} MB/s, --upload-rate {RATES[name] / 1e6:.2f} MB/s")
+            assert 0.6 * RATES[name] < got < 1.3 * RATES[name]
+        await asyncio.sleep(1.0)  # a few more heartbeats: a fresh key is not probed at all
+        assert urls["fresh"] not in tr.uploads.probed
+        parents, _ = tr.topology()  # laid out by the probes (unit-tested in test_placement.py)
+        fast = c.names()["fast"]
+        assert fast.group is not None and parents[fast.group][fast.peer_id] is None  # type: ignore[attr-defined]
+        await c.publish(1)
+        await c.wait(lambda: c.holders(1) == set(RATES), 60, "every relay to hold v1")
+
+
+def test_only_the_tracker_can_ask_a_relay_for_a_probe(tmp_path):
+    asyncio.run(_only_the_tracker(tmp_path))
+
+
+async def _only_the_tracker(tmp_path) -> None:
+    async with Cluster(tmp_path, fanout=2) as c:
+        assert c.origin and c.origin.tracker
+        await c.spawn("r", rate=0.5e6)  # a fresh key: the origin itself never probes it
+        rec = c.names()["r"]
+        url = f"{rec.url}{PROBE_PATH}"  # type: ignore[attr-defined]
+        async with aiohttp.ClientSession() as s:
+            for headers in ({}, {HEADER: "0" * 64}, {HEADER: probe_auth("another peer's token")}):
+                async with s.get(url, headers=headers) as r:
+                    assert r.status == 403, headers
+            good = {HEADER: probe_auth(rec.token)}  # type: ignore[attr-defined]
+
+            async def get() -> tuple[int, int]:
+                async with s.get(url, headers=good) as r:
+                    return r.status, len(await r.read())
+
+            first = asyncio.create_task(get())
+            await asyncio.sleep(0.3)  # under way: 1 MiB at 0.5 MB/s takes 2 s
+            assert (await get())[0] == 429  # one probe at a time
+            assert await first == (200, PROBE_BYTES)
