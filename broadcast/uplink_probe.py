@@ -57,6 +57,10 @@ def wants_probe(tracker: Tracker, rec: PeerRec) -> bool:
     return not any(children[t].get(rec.peer_id) for t in range(tracker.trees))
 
 
+class Preempted(Exception):
+    """A version went out during the probe and the relay now serves it: its uplink is its children's."""
+
+
 class ProbeServer:
     """The relay's side: PROBE_BYTES of filler, paced by its upload limit, one probe at a time."""
 
@@ -94,6 +98,7 @@ class UplinkProber:
         self._sem = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._pending: set[str] = set()  # keys queued or being probed
         self._retry: dict[str, float] = {}  # key -> when a failed probe may be tried again
+        self.counts = {"probed": 0, "failed": 0, "preempted": 0}
 
     def after_heartbeat(self, rec: PeerRec) -> None:
         now = time.monotonic()
@@ -108,8 +113,12 @@ class UplinkProber:
             async with self._sem:
                 if self.tracker.peers.get(rec.peer_id) is not rec or not wants_probe(self.tracker, rec):
                     return  # it left, or serves a version that went out meanwhile: asked after a later heartbeat
-                rate = await self.time_download(f"{url}{PROBE_PATH}", probe_auth(token))
+                rate = await self.time_download(f"{url}{PROBE_PATH}", probe_auth(token), rec)
+        except Preempted:
+            self.counts["preempted"] += 1
+            return
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
+            self.counts["failed"] += 1
             log.debug("uplink probe of %s failed (tried again in %.0fs): %s", url, RETRY_S, e)
             self._retry[rec.key] = time.monotonic() + RETRY_S
             if len(self._retry) > 4 * self.tracker.max_peers:
@@ -119,17 +128,24 @@ class UplinkProber:
             self._pending.discard(rec.key)
         if self.tracker.peers.get(rec.peer_id) is rec and rec.url == url:
             self.tracker.probed(rec, rate)
+            self.counts["probed"] += 1
             log.debug("uplink probe of %s: %.1f Mbit/s", url, rate * 8 / 1e6)
 
-    async def time_download(self, url: str, auth: str) -> float:
+    async def time_download(self, url: str, auth: str, rec: PeerRec | None = None) -> float:
         """Bytes/s over the body's second half: by then TCP's window has opened (its slow start is not the
-        uplink, nor is the wait for an answer). A body that came in one read: its size over its time."""
+        uplink, nor is the wait for an answer). A body that came in one read: its size over its time.
+        `rec`: given up (Preempted) if a version goes out meanwhile and gives that relay children."""
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S, sock_connect=5.0, sock_read=10.0)
+        latest = self.tracker.latest
         async with self.session.get(url, headers={HEADER: auth}, timeout=timeout) as r:
             t0, got, mark = time.monotonic(), 0, None
             if r.status != 200:
                 raise ValueError(f"HTTP {r.status}: {(await r.content.read(200)).decode(errors='replace')}")
             async for chunk in r.content.iter_any():
+                if rec is not None and self.tracker.latest != latest:
+                    latest = self.tracker.latest
+                    if not wants_probe(self.tracker, rec):
+                        raise Preempted
                 got += len(chunk)
                 if got > PROBE_BYTES:
                     raise ValueError("more bytes than a probe has")

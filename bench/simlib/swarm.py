@@ -99,7 +99,8 @@ class Swarm:
         self.probes = probes  # False: no uplink probes, as before 2026-12-05
         self._probe_pending: set[str] = set()  # urls queued or being probed
         self._probe_queue: collections.deque[SimPeer] = collections.deque()
-        self._probing = 0
+        self._probing: dict[str, Xfer | None] = {}  # url -> its probe's transfer (None: on its way)
+        self._probe_latest: int | None = None  # the version the tracker knew when probes were last checked
         self.turns: dict[tuple[str, int, int], collections.deque] = {}  # (source, child, tree) -> queue
         self.peers: dict[str, SimPeer] = {}  # by url
         self.latest = 0
@@ -193,6 +194,13 @@ class Swarm:
                 self.sim.after(p.host.lat + self.origin.lat, self._join, p)
             return
         self.sim.after(p.host.lat + self.origin.lat, self._set_sources, p, ans.sources)
+        if self.tracker.latest != self._probe_latest:  # a version went out: probes of relays it gave
+            self._probe_latest = self.tracker.latest  # children are given up (uplink_probe.Preempted)
+            for url, x in list(self._probing.items()):
+                q = self.peers[url]
+                rec = self.tracker.peers.get(q.pid)
+                if x is not None and (rec is None or not wants_probe(self.tracker, rec)):
+                    self.net.cancel(x)
         self._maybe_probe(p)
 
     def _set_sources(self, p: SimPeer, sources: list[list[str]]) -> None:
@@ -210,11 +218,11 @@ class Swarm:
         self._next_probe()
 
     def _next_probe(self) -> None:
-        while self._probing < MAX_PROBES_IN_FLIGHT and self._probe_queue:
+        while len(self._probing) < MAX_PROBES_IN_FLIGHT and self._probe_queue:
             p = self._probe_queue.popleft()
             rec = self.tracker.peers.get(p.pid)
             if p.host.alive and rec is not None and wants_probe(self.tracker, rec):  # checked again, as origin.py
-                self._probing += 1
+                self._probing[p.url] = None
                 self.sim.after(self._lat(p.host, self.origin), self._probe_start, p)  # the request's way
             else:
                 self._probe_pending.discard(p.url)
@@ -224,10 +232,12 @@ class Swarm:
             self._probe_end(p, 0.0, False)
             return
         t0 = self.sim.now  # the answer's first bytes leave now and arrive one latency later, as the last do
-        self.net.start(p.host, self.origin, PROBE_BYTES, lambda x, ok: self._probe_end(p, t0, ok))
+        x = self.net.start(p.host, self.origin, PROBE_BYTES, lambda x, ok: self._probe_end(p, t0, ok))
+        if x.live:
+            self._probing[p.url] = x
 
     def _probe_end(self, p: SimPeer, t0: float, ok: bool) -> None:
-        self._probing -= 1
+        self._probing.pop(p.url, None)
         self._probe_pending.discard(p.url)
         rec = self.tracker.peers.get(p.pid)
         if ok and rec is not None and rec.url == p.url:

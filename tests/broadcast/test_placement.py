@@ -147,7 +147,30 @@ def test_a_new_swarm_is_laid_out_by_the_origins_probes_of_relays_with_standing()
     before = copy.deepcopy(tr.topology())
     late = tr.join(Join("http://h12:1", True, "p12"), key="k12")
     tr.set_trusted("k12")
+    assert wants_probe(tr, tr.peers[late.peer_id])  # a leaf: its uplink is idle though a version is in flight
     tr.probed(tr.peers[late.peer_id], 900 * Mbit)
     after = tr.topology()
     assert all(after[0][t][p] == before[0][t][p] for t in range(2) for p in before[0][t])
     assert tr.peers[late.peer_id].group is None or not any(after[1][t].get(late.peer_id) for t in range(2))
+
+
+def test_while_a_version_is_in_flight_only_relays_without_children_are_probed():
+    """A probe of a relay that is serving would measure its children's share and take time from them."""
+    tr = Tracker("http://o:1", trees=2, fanout=2)
+    joined = [tr.join(Join(f"http://h{i}:1", True, f"p{i}"), key=f"k{i}") for i in range(8)]
+    for i in range(8):
+        tr.set_trusted(f"k{i}")
+    recs = [tr.peers[j.peer_id] for j in joined]
+    assert all(wants_probe(tr, r) for r in recs)  # nothing in flight: every unmeasured relay
+    for j in joined:
+        tr.heartbeat(PeerHeartbeat(j.peer_id, j.token), latest=1)
+    late = tr.join(Join("http://h8:1", True, "p8"), key="k8")  # hung as a leaf: the layout holds mid-version
+    tr.set_trusted("k8")
+    recs.append(tr.peers[late.peer_id])
+    children = tr.topology()[1]
+    serving = {r.peer_id for r in recs if any(children[t].get(r.peer_id) for t in range(2))}
+    assert len(serving) == 8 and late.peer_id not in serving  # join order: each of the 8 is interior somewhere
+    assert [r.peer_id for r in recs if wants_probe(tr, r)] == [late.peer_id]
+    for j in [*joined, late]:  # every peer holds v1: nothing in flight again
+        tr.heartbeat(PeerHeartbeat(j.peer_id, j.token, complete=[1]), latest=1)
+    assert all(wants_probe(tr, r) for r in recs)

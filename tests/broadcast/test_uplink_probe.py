@@ -67,3 +67,29 @@ async def _only_the_tracker(tmp_path) -> None:
             await asyncio.sleep(0.3)  # under way: 1 MiB at 0.5 MB/s takes 2 s
             assert (await get())[0] == 429  # one probe at a time
             assert await first == (200, PROBE_BYTES)
+
+
+def test_a_probe_is_given_up_when_a_version_gives_the_relay_children(tmp_path):
+    asyncio.run(_preempted(tmp_path))
+
+
+async def _preempted(tmp_path) -> None:
+    async with Cluster(tmp_path, fanout=2) as c:
+        assert c.origin and c.origin.tracker and c.origin._uplinks
+        tr, prober = c.origin.tracker, c.origin._uplinks
+        c.origin.set_standing(KeyPair.load_or_create(c.data_dir("a") / "relay.key").public_hex)
+        await c.spawn("a", rate=0.25e6)  # a probe takes it 4 s
+        await c.wait(lambda: bool(prober._pending), 10, "the probe of a")
+        await asyncio.sleep(0.5)
+        for name in ("b", "c"):  # fresh keys: they hang below a, the only relay with standing
+            await c.spawn(name)
+        await c.publish(1)
+        a = c.names()["a"]
+        await c.wait(lambda: prober.counts["preempted"] == 1, 10, "the probe to be given up")
+        assert a.url not in tr.uploads.probed  # type: ignore[attr-defined]
+        await c.wait(lambda: c.holders(1) == {"a", "b", "c"}, 60, "every relay to hold v1")
+        # Nothing in flight again: a is probed afresh, and not counted as a failure.
+        await c.wait(lambda: a.url in tr.uploads.probed, 20, "a's probe after v1")  # type: ignore[attr-defined]
+        # (b and c may be probed too, once they have shown the origin they upload: standing)
+        assert prober.counts["failed"] == 0 and prober.counts["preempted"] == 1
+        assert 0.6 * 0.25e6 < tr.uploads.probed[a.url] < 1.3 * 0.25e6  # type: ignore[attr-defined]
