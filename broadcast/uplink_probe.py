@@ -1,8 +1,8 @@
 """The origin times a download from a relay, to place it by uplink before any child has measured it.
 
 Without it a new swarm's first version ran on the join-order layout, slow home relays inside the trees:
-in the 1000-peer simulation a 13.5 MB version took 25-215 s against a bound near 1.1 s, and only the
-second, laid out on what children reported, came near it (docs/tree-simulation.md).
+in the 1000-peer simulation a 13.5 MB version took 25-215 s against a bound near 1.1 s; laid out by the
+probes, 4.8-6.2 s (docs/tree-simulation.md, item 7).
 
 A relay with standing (placement counts no fresh key's numbers) that no child has measured yet is asked,
 after a heartbeat, for PROBE_BYTES of filler at GET /probe; the origin times the body's second half. One
