@@ -22,10 +22,9 @@ import broadcast.tracker as tracker_mod
 from broadcast.messages import Join, PeerHeartbeat
 from broadcast.receive_meter import ReceiveMeter
 from broadcast.tracker import Tracker, TrackerError
-from broadcast.uplink_probe import MAX_IN_FLIGHT as MAX_PROBES_IN_FLIGHT
-from broadcast.uplink_probe import PROBE_BYTES, wants_probe
 
 from .engine import Host, Net, Sim, Xfer
+from .probes import SimProber
 
 TEMP_BLACKLIST_S = 30.0  # as broadcast/peer.py
 MAX_FAILURES_PER_PIECE = 20
@@ -96,11 +95,7 @@ class Swarm:
         self.report_uploads = report_uploads
         self.one_at_a_time = turns  # serving.py's Turns; False: a child's requests share its share
         self.fresh_after_dead = fresh_after_dead  # False: a dead parent's piece goes to the next ancestor
-        self.probes = probes  # False: no uplink probes, as before 2026-12-05
-        self._probe_pending: set[str] = set()  # urls queued or being probed
-        self._probe_queue: collections.deque[SimPeer] = collections.deque()
-        self._probing: dict[str, Xfer | None] = {}  # url -> its probe's transfer (None: on its way)
-        self._probe_latest: int | None = None  # the version the tracker knew when probes were last checked
+        self.prober = SimProber(self) if probes else None  # None: no uplink probes, as before 2026-12-05
         self.turns: dict[tuple[str, int, int], collections.deque] = {}  # (source, child, tree) -> queue
         self.peers: dict[str, SimPeer] = {}  # by url
         self.latest = 0
@@ -194,55 +189,11 @@ class Swarm:
                 self.sim.after(p.host.lat + self.origin.lat, self._join, p)
             return
         self.sim.after(p.host.lat + self.origin.lat, self._set_sources, p, ans.sources)
-        if self.tracker.latest != self._probe_latest:  # a version went out: probes of relays it gave
-            self._probe_latest = self.tracker.latest  # children are given up (uplink_probe.Preempted)
-            for url, x in list(self._probing.items()):
-                q = self.peers[url]
-                rec = self.tracker.peers.get(q.pid)
-                if x is not None and (rec is None or not wants_probe(self.tracker, rec)):
-                    self.net.cancel(x)
-        self._maybe_probe(p)
+        if self.prober:
+            self.prober.after_heartbeat(p)
 
     def _set_sources(self, p: SimPeer, sources: list[list[str]]) -> None:
         p.sources = sources
-
-    # -- the origin's uplink probes (broadcast/uplink_probe.py) ---------------------------------------------
-    def _maybe_probe(self, p: SimPeer) -> None:
-        """After a heartbeat, as origin.py (UplinkProber): a relay with standing that nothing has measured
-        is timed, while its uplink is idle (uplink_probe.wants_probe), 16 at a time."""
-        rec = self.tracker.peers.get(p.pid)
-        if not self.probes or rec is None or p.url in self._probe_pending or not wants_probe(self.tracker, rec):
-            return
-        self._probe_pending.add(p.url)
-        self._probe_queue.append(p)
-        self._next_probe()
-
-    def _next_probe(self) -> None:
-        while len(self._probing) < MAX_PROBES_IN_FLIGHT and self._probe_queue:
-            p = self._probe_queue.popleft()
-            rec = self.tracker.peers.get(p.pid)
-            if p.host.alive and rec is not None and wants_probe(self.tracker, rec):  # checked again, as origin.py
-                self._probing[p.url] = None
-                self.sim.after(self._lat(p.host, self.origin), self._probe_start, p)  # the request's way
-            else:
-                self._probe_pending.discard(p.url)
-
-    def _probe_start(self, p: SimPeer) -> None:
-        if not p.host.alive:
-            self._probe_end(p, 0.0, False)
-            return
-        t0 = self.sim.now  # the answer's first bytes leave now and arrive one latency later, as the last do
-        x = self.net.start(p.host, self.origin, PROBE_BYTES, lambda x, ok: self._probe_end(p, t0, ok))
-        if x.live:
-            self._probing[p.url] = x
-
-    def _probe_end(self, p: SimPeer, t0: float, ok: bool) -> None:
-        self._probing.pop(p.url, None)
-        self._probe_pending.discard(p.url)
-        rec = self.tracker.peers.get(p.pid)
-        if ok and rec is not None and rec.url == p.url:
-            self.tracker.probed(rec, PROBE_BYTES / max(self.sim.now - t0, 1e-3))
-        self._next_probe()
 
     # -- a version ---------------------------------------------------------------------------------------
     def publish(self, v: int, size: int) -> None:
