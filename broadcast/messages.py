@@ -129,6 +129,8 @@ class PeerView(msgspec.Struct):
     proven: bool = False  # has shown it uploads: placed above fresh peers
     uploaded: int = 0  # bytes its children with standing confirm receiving from it
     demoted: bool = False
+    uplink: float | None = None  # bytes/s placement uses: what its children measured, else the origin's probe
+    uplink_probed: bool = False  # the figure is the origin's probe (broadcast/uplink_probe.py)
 
 
 class Banned(msgspec.Struct):

@@ -27,6 +27,8 @@ def render(tv: TreeView) -> str:
         held = ",".join(f"v{v}" for v in p.complete) or "-"
         prog = " ".join(f"v{v}:{n}pc" for v, n in p.progress.items())
         tags = [] if p.relay else ["no-relay"]
+        if p.uplink:
+            tags.append(f"up {p.uplink * 8 / 1e6:.1f} Mbit/s" + (" (probed)" if p.uplink_probed else ""))
         return f"{p.name or pid} [{held}{' ' + prog if prog else ''}]{' ' + ','.join(tags) if tags else ''}"
 
     lines = [f"origin {tv.origin}  latest=v{tv.latest}  serving={tv.versions}  trees={tv.trees} fanout={tv.fanout}"]

@@ -8,6 +8,7 @@ from broadcast.messages import Join, PeerHeartbeat, Received
 from broadcast.placement import Candidate, UploadMeter, max_children, measured_layout
 from broadcast.receive_meter import ReceiveMeter, sending_started
 from broadcast.tracker import Tracker
+from broadcast.tree_view import render
 from broadcast.uplink_probe import wants_probe
 
 Mbit = 1e6 / 8
@@ -138,6 +139,9 @@ def test_a_new_swarm_is_laid_out_by_the_origins_probes_of_relays_with_standing()
     g = recs[0].group
     assert parents[g][fast] is None and len(children[g][fast]) > 2  # at the top, with more than fanout
     fresh = {recs[10].peer_id, recs[11].peer_id}  # 11 was "probed" at 1000 Mbit/s: it does not matter
+    pv = {p.peer_id: p for p in tr.view(None, []).peers}  # what `swarm tree` and the web view show
+    assert pv[fast].uplink == 400 * Mbit and pv[fast].uplink_probed
+    assert "p0 [-] up 400.0 Mbit/s (probed)" in render(tr.view(None, []))
     for t in range(2):
         assert set(parents[t]) == set(tr.peers) and slow not in children[t]
         assert not any(parents[t][r.peer_id] in fresh for r in recs[:10])  # nobody with standing below them
