@@ -2,7 +2,7 @@
 
 Without it a new swarm's first version ran on the join-order layout, slow home relays inside the trees:
 in the 1000-peer simulation a 13.5 MB version took 25-215 s against a bound near 1.1 s; laid out by the
-probes, 4.8-6.2 s (docs/tree-simulation.md, item 7).
+probes, 4.9-6.3 s (docs/tree-simulation.md, item 7).
 
 A relay with standing (placement counts no fresh key's numbers) that no child has measured yet is asked,
 after a heartbeat, for PROBE_BYTES of filler at GET /probe; the origin times it from sending the request to
