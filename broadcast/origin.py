@@ -13,6 +13,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from swarm_common.atomic import write_atomic
 from swarm_common.http import start_site
 from swarm_common.keys import KeyPair
 
@@ -27,7 +28,7 @@ from .release import InOrderRelease
 from .serving import MAX_VERSION, Turns, parse_int, serve_piece
 from .store import VersionState
 from .tracker import Tracker, TrackerError
-from .uplink_probe import UplinkProber
+from .uplink_probe import UPLINKS_FILE, UplinkProber
 
 log = logging.getLogger("broadcast.origin")
 
@@ -63,15 +64,12 @@ class Origin:
         (manifest.auto_piece_size)."""
         self.root_dir, self.keypair = Path(root_dir).resolve(), keypair
         self.host, self.port = host, port
-        self.fanout, self.keep = fanout, keep
-        self.trees = trees or fanout
+        self.fanout, self.keep, self.trees = fanout, keep, trees or fanout
         self.piece_size, self.piece_wait = piece_size, piece_wait
-        self.limiter = RateLimiter(upload_rate)
-        self.heartbeat_interval = heartbeat_interval
+        self.limiter, self.heartbeat_interval = RateLimiter(upload_rate), heartbeat_interval
         self.versions: dict[int, VersionState] = {}
-        self.full_every = full_every
         self.full_dirs: dict[int, Path] = {}  # each served version's files whole (the trainer's directory)
-        self._since_full = 0
+        self.full_every, self._since_full = full_every, 0
         self.latest: int | None = None
         self.tracker: Tracker | None = None
         self.max_peers, self.allow_private = max_peers, allow_private
@@ -127,6 +125,7 @@ class Origin:
         self.tracker = Tracker(self._url, self.trees, self.fanout, self.heartbeat_interval, max_peers=self.max_peers)
         for key in self._trusted:
             self.tracker.set_trusted(key)
+        self.tracker.uploads.restore(self.root_dir / UPLINKS_FILE)  # a restarted trainer's swarm: no re-probing
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
                                               connector=aiohttp.TCPConnector(limit=64, force_close=True))
         self._prober = Prober(self._session)
@@ -170,6 +169,7 @@ class Origin:
         self.latest = version
         self._retention()
         assert self.tracker
+        await asyncio.to_thread(write_atomic, self.root_dir / UPLINKS_FILE, self.tracker.uploads.dump())
         kind = f"delta against v{m.base}" if m.base is not None else "whole"
         self.tracker.event(f"publish v{version} {kind} ({m.total_size} bytes, {m.n_pieces} pieces)")
         async with self._new_version:

@@ -15,8 +15,14 @@ Without any estimate the tracker keeps its join-order SplitStream layout.
 from __future__ import annotations
 
 import collections
+import logging
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
+import msgspec
+
+log = logging.getLogger("broadcast.placement")
 MIN_BYTES = 16 << 10  # smaller reports say more about latency than about bandwidth
 MIN_SECONDS = 0.005
 MAX_RATE = 100e9 / 8  # no child sees more than 100 Gbit/s from one source
@@ -82,6 +88,25 @@ class UploadMeter:
 
     def uplink(self, url: str) -> float | None:
         return self.placed.get(url) or self.probed.get(url)
+
+    def dump(self) -> bytes:
+        """The figures placement would use, for the next start of this origin (uplink_probe.UPLINKS_FILE)."""
+        return msgspec.json.encode({**self.probed, **self.estimate})
+
+    def restore(self, path: Path) -> int:
+        """A restarted origin's swarm rejoins at the same addresses: last run's figures stand in for probes
+        until children measure them again. The file is ours, but read as untrusted as anything on disk."""
+        try:
+            if not path.exists() or path.stat().st_size > 1 << 20:
+                return 0
+            figures = msgspec.json.decode(path.read_bytes(), type=dict[str, float])
+        except (OSError, msgspec.DecodeError) as e:
+            log.warning("ignoring the uplink figures in %s: %s", path, e)
+            return 0
+        ok = {u: r for u, r in figures.items() if len(u) <= 512 and math.isfinite(r) and 0 < r <= MAX_RATE}
+        for url, rate in list(ok.items())[:MAX_SOURCES]:
+            self.probed.setdefault(url, rate)
+        return min(len(ok), MAX_SOURCES)
 
     def new_epoch(self, epoch: int, live_urls: set[str]) -> bool:
         """A new version: freeze the estimates for the layout; True if they changed."""

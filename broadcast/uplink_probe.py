@@ -33,6 +33,7 @@ log = logging.getLogger("broadcast.uplink_probe")
 PROBE_PATH = "/probe"
 PROBE_BYTES = 1 << 20
 HEADER = "X-Probe-Auth"
+UPLINKS_FILE = "uplinks.json"  # in the origin's directory: the figures kept across its restarts
 MAX_IN_FLIGHT = 16  # probes at once; they share the origin's downlink: at 1 Gbit/s, ~60 Mbit/s each
 RETRY_S = 60.0  # a probe that failed (busy, timed out, refused) is tried again this much later
 TIMEOUT_S = 30.0

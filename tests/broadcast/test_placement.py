@@ -178,3 +178,29 @@ def test_while_a_version_is_in_flight_only_relays_without_children_are_probed():
     for j in [*joined, late]:  # every peer holds v1: nothing in flight again
         tr.heartbeat(PeerHeartbeat(j.peer_id, j.token, complete=[1]), latest=1)
     assert all(wants_probe(tr, r) for r in recs)
+
+
+def test_uplink_figures_survive_a_restart_and_a_bad_file_is_ignored(tmp_path):
+    m = UploadMeter()
+    m.note_probe("http://a:1", 40 * Mbit)
+    for child in range(2):  # children measured b: their figure wins over any probe of it
+        m.note({"http://b:1": Received(int(50 * Mbit * 2), 2.0)}, reporter=f"c{child}")
+    m.note_probe("http://b:1", 1 * Mbit)
+    path = tmp_path / "uplinks.json"
+    path.write_bytes(m.dump())
+    fresh = UploadMeter()
+    assert fresh.restore(path) == 2
+    assert fresh.probed["http://a:1"] == 40 * Mbit and 95 * Mbit < fresh.probed["http://b:1"] <= 101 * Mbit
+    tr = Tracker("http://o:1", trees=2, fanout=2)  # a restarted origin: the relay rejoins, nobody re-probes it
+    tr.uploads.restore(path)
+    j = tr.join(Join("http://a:1", True, "a"), key="ka")
+    tr.set_trusted("ka")
+    assert not wants_probe(tr, tr.peers[j.peer_id]) and tr.uploads.uplink("http://a:1") == 40 * Mbit
+    bad = {"garbage": b"{not json", "wrong types": b'{"http://c:1": "fast"}', "too big": b" " * (2 << 20),
+           "out of range": b'{"http://c:1": -5.0, "http://d:1": 1e300, "http://e:1": 0}', "NaN": b'{"x": NaN}',
+           "a long url": b'{"http://' + b"c" * 600 + b':1": 5.0}'}
+    for what, data in bad.items():
+        path.write_bytes(data)
+        m = UploadMeter()
+        assert m.restore(path) == 0 and not m.probed, what
+    assert UploadMeter().restore(tmp_path / "missing.json") == 0

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from bc_helpers import Cluster
 
+from broadcast.origin import Origin
 from broadcast.uplink_probe import HEADER, PROBE_BYTES, PROBE_PATH, probe_auth
 from swarm_common.keys import KeyPair
 
@@ -41,6 +42,13 @@ async def _timed_and_placed(tmp_path) -> None:
         assert fast.group is not None and parents[fast.group][fast.peer_id] is None  # type: ignore[attr-defined]
         await c.publish(1)
         await c.wait(lambda: c.holders(1) == set(RATES), 60, "every relay to hold v1")
+        # The figures outlive the origin: one started on its directory (a resumed trainer's) has them.
+        again = Origin(tmp_path / "origin", c.key, fanout=2)
+        await again.start()
+        try:
+            assert again.tracker and again.tracker.uploads.probed[urls["slow"]] == tr.uploads.probed[urls["slow"]]
+        finally:
+            await again.stop()
 
 
 def test_only_the_tracker_can_ask_a_relay_for_a_probe(tmp_path):
