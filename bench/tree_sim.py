@@ -100,8 +100,8 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
         missing = sum(last not in p.done_at for p in present)
         T = max(p.done_at.get(last, math.inf) for p in present) - t_pub
         bound = fluid_bound(size, origin.up, [Link(p.host.up, p.host.down, 0) for p in present], arrivals)
-    return {"T": T, "bound": bound, "warmup_T": warm_T, "probed_at_first": probed[0], "present": len(present), "missing": missing,
-            "events": sim.events, "reports": dict(sw.reports), "warmup_reports": warm_reports,
+    return {"T": T, "bound": bound, "warmup_T": warm_T, "probed_at_first": probed[0], "present": len(present),
+            "missing": missing, "events": sim.events, "reports": dict(sw.reports), "warmup_reports": warm_reports,
             "tracker_peers": len(sw.tracker.peers)}
 
 
@@ -201,7 +201,7 @@ def main() -> None:
                     help="when the first warm-up is published; the peers join in the first second (the time the "
                          "origin has to probe their uplinks before any version)")
     ap.add_argument("--no-probes", action="store_true",
-                    help="the origin does not time relays' uplinks at join (broadcast/uplink_probe.py; before "
+                    help="the origin does not time relays' uplinks (broadcast/uplink_probe.py; before "
                          "2026-12-05): the first version runs on the join-order layout")
     ap.add_argument("--origin-mbit", type=float, default=1000.0)
     ap.add_argument("--json", type=Path, default=None)

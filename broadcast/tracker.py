@@ -390,7 +390,8 @@ class Tracker:
                 p.strikes, [parents[t].get(p.peer_id) for t in range(self.trees)],
                 [children[t].get(p.peer_id, []) for t in range(self.trees)],
                 key=p.key, reachable=p.reachable, reach_error=p.reach_error, standing=self.has_standing(p),
-                proven=p.key in self.proven, uploaded=p.uploaded, demoted=p.demoted, uplink=self.uploads.uplink(p.url or ""),
+                proven=p.key in self.proven, uploaded=p.uploaded, demoted=p.demoted,
+                uplink=self.uploads.uplink(p.url or ""),
                 uplink_probed=(p.url or "") not in self.uploads.placed and (p.url or "") in self.uploads.probed)
             for p in sorted(self.peers.values(), key=lambda p: p.seq)
         ]

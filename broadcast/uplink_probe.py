@@ -6,10 +6,11 @@ probes, 4.9-6.3 s (docs/tree-simulation.md, item 7).
 
 A relay with standing (placement counts no fresh key's numbers) that no child has measured yet is asked,
 after a heartbeat, for PROBE_BYTES of filler at GET /probe; the origin times it from sending the request to
-the last byte. One stream, so at most the relay's uplink: a lower bound (a round trip, TCP's slow start at
-long round trips, and the origin's downlink shared by the probes in flight all lower it), replaced by the
-children's figure once the relay carries a version (placement.UploadMeter). Only the tracker may ask: the request carries an HMAC of the peer's join
-token, which only the tracker and the peer know, so strangers cannot spend a relay's uplink on probes.
+the last byte. One stream, so at most the relay's uplink: a lower bound (the connection's and the request's
+round trips, TCP's slow start at long round trips, and the origin's downlink shared by the probes in
+flight all lower it), replaced by the children's figure once the relay carries a version
+(placement.UploadMeter). Only the tracker may ask: the request carries an HMAC of the peer's join token,
+which only the tracker and the peer know, so strangers cannot spend a relay's uplink on probes.
 """
 
 from __future__ import annotations
@@ -76,9 +77,9 @@ class ProbeServer:
         if self._busy:
             raise web.HTTPTooManyRequests(text="a probe is in progress")
         self._busy = True
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp.content_length = PROBE_BYTES
         try:
-            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-            resp.content_length = PROBE_BYTES
             await resp.prepare(request)
             step = 16 << 10 if self.limiter.rate else len(_FILLER)  # paced as pieces are (serving._send)
             for k in range(0, PROBE_BYTES, step):
@@ -86,9 +87,11 @@ class ProbeServer:
                 await self.limiter.acquire(n)
                 await resp.write(_FILLER[:n])
             await resp.write_eof()
-            return resp
+        except ConnectionError:  # the origin gave the probe up (a version went out): nothing to report
+            pass
         finally:
             self._busy = False
+        return resp
 
 
 class UplinkProber:
