@@ -14,7 +14,7 @@ from broadcast.uplink_probe import HEADER, PROBE_BYTES, PROBE_PATH, probe_auth
 from swarm_common.keys import KeyPair
 
 pytestmark = pytest.mark.timeout(120)
-RATES = {"fast": 4e6, "slow": 0.5e6, "fresh": 4e6}  # bytes/s: each relay's --upload-rate
+RATES = {"fast": 2e6, "slow": 0.5e6, "fresh": 2e6}  # bytes/s: each relay's --upload-rate
 
 
 def test_relays_with_standing_are_timed_and_placed_before_any_version(tmp_path):
@@ -34,7 +34,8 @@ async def _timed_and_placed(tmp_path) -> None:
         for name in ("fast", "slow"):
             got = tr.uploads.probed[urls[name]]
             print(f"{name}: probed {got / 1e6:.2f} MB/s, --upload-rate {RATES[name] / 1e6:.2f} MB/s")
-            assert 0.6 * RATES[name] < got < 1.3 * RATES[name]
+            # A lower bound by design (a busy machine only lowers it); above the limit would be wrong.
+            assert 0.5 * RATES[name] < got < 1.3 * RATES[name]
         await asyncio.sleep(1.0)  # a few more heartbeats: a fresh key is not probed at all
         assert urls["fresh"] not in tr.uploads.probed
         parents, _ = tr.topology()  # laid out by the probes (unit-tested in test_placement.py)
@@ -73,8 +74,8 @@ async def _only_the_tracker(tmp_path) -> None:
 
             first = asyncio.create_task(get())
             await asyncio.sleep(0.3)  # under way: 1 MiB at 0.5 MB/s takes 2 s
-            assert (await get())[0] == 429  # one probe at a time
-            assert await first == (200, PROBE_BYTES)
+            answers = sorted(await asyncio.gather(first, get()))
+            assert answers[0] == (200, PROBE_BYTES) and answers[1][0] == 429  # one probe at a time
 
 
 def test_a_probe_is_given_up_when_a_version_gives_the_relay_children(tmp_path):
@@ -85,19 +86,19 @@ async def _preempted(tmp_path) -> None:
     async with Cluster(tmp_path, fanout=2) as c:
         assert c.origin and c.origin.tracker and c.origin._uplinks
         tr, prober = c.origin.tracker, c.origin._uplinks
-        c.origin.set_standing(KeyPair.load_or_create(c.data_dir("a") / "relay.key").public_hex)
-        await c.spawn("a", rate=0.25e6)  # a probe takes it 4 s
-        await c.wait(lambda: bool(prober._pending), 10, "the probe of a")
-        await asyncio.sleep(0.5)
-        for name in ("b", "c"):  # fresh keys: they hang below a, the only relay with standing
+        for name in ("b", "c"):  # fresh keys: they will hang below a, the only relay with standing
             await c.spawn(name)
+        c.origin.set_standing(KeyPair.load_or_create(c.data_dir("a") / "relay.key").public_hex)
+        await c.spawn("a", rate=0.15e6)  # a probe takes it 7 s
+        await c.wait(lambda: bool(prober._pending), 10, "the probe of a")
+        await asyncio.sleep(0.3)
         await c.publish(1)
         a = c.names()["a"]
         await c.wait(lambda: prober.counts["preempted"] == 1, 10, "the probe to be given up")
         assert a.url not in tr.uploads.probed  # type: ignore[attr-defined]
         await c.wait(lambda: c.holders(1) == {"a", "b", "c"}, 60, "every relay to hold v1")
         # Nothing in flight again: a is probed afresh, and not counted as a failure.
-        await c.wait(lambda: a.url in tr.uploads.probed, 20, "a's probe after v1")  # type: ignore[attr-defined]
+        await c.wait(lambda: a.url in tr.uploads.probed, 40, "a's probe after v1")  # type: ignore[attr-defined]
         # (b and c may be probed too, once they have shown the origin they upload: standing)
         assert prober.counts["failed"] == 0 and prober.counts["preempted"] == 1
-        assert 0.6 * 0.25e6 < tr.uploads.probed[a.url] < 1.3 * 0.25e6  # type: ignore[attr-defined]
+        assert 0.5 * 0.15e6 < tr.uploads.probed[a.url] < 1.3 * 0.15e6  # type: ignore[attr-defined]
