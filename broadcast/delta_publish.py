@@ -34,7 +34,8 @@ def delta_piece_size(payload: int, piece_size: int) -> int:
     """A delta's pieces: about 32 of them (a power of two, at least 256 KiB, at most `piece_size`). In the
     full versions' pieces a delta is a few pieces per tree, and every hop stores and forwards a whole one:
     simulated at N = 1000 with churn, a 13.5 MB delta took 2.85x the fluid bound in 1 MiB pieces, 1.76x in
-    512 KiB and 1.71x in 256 KiB ones, on average over five draws (docs/tree-simulation.md)."""
+    512 KiB and 1.71x in 256 KiB ones, on average over five draws, before the origin's uplink probes
+    (docs/tree-simulation.md)."""
     size = 256 << 10
     while size < piece_size and payload > 32 * size:
         size *= 2

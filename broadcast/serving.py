@@ -24,12 +24,12 @@ class Turns:
     sendable. A child keeps `window` requests in flight per tree so that its parent's pipe stays full
     across piece boundaries; sent at once, they split the child's share of the uplink, and each piece took
     `window` times as long to reach the child, at every hop. Simulated at 1000 peers (10% churn), on average
-    over five draws: a 13.5 MB delta 1.76x the fluid bound with turns, 2.23x without; a full version 1.21x
-    and 1.35x (docs/tree-simulation.md). The key is the child's address and its word (X-Peer), and a turn
-    is waited for as long as a held request waits for its piece: one that claims another's name from the
-    same address and holds its turn delays that child's pieces from here until the child goes around us
-    (sourcing.py), never past that bound. (A bound of 5 s was about one piece time with 1 MiB pieces at
-    1.6 Mbit/s per child, and undid the turns there.)"""
+    over five draws, before the origin's uplink probes: a 13.5 MB delta 1.76x the fluid bound with turns,
+    2.23x without; a full version 1.21x and 1.35x (docs/tree-simulation.md). The key is the child's
+    address and its word (X-Peer), and a turn is waited for as long as a held request waits for its piece:
+    one that claims another's name from the same address and holds its turn delays that child's pieces from
+    here until the child goes around us (sourcing.py), never past that bound. (A bound of 5 s was about one
+    piece time with 1 MiB pieces at 1.6 Mbit/s per child, and undid the turns there.)"""
 
     def __init__(self) -> None:
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}

@@ -50,7 +50,7 @@ def wants_probe(tracker: Tracker, rec: PeerRec) -> bool:
     no version is in flight, or it has no children now (a leaf uploads nothing). A probe of a relay that is
     serving measures its children's share and takes time from them: in the simulation, probes during a
     version measured such relays at a fifth of their uplink and slowed the version."""
-    if (rec.url is None or rec.reachable is not True or not rec.interior_capable or not tracker.has_standing(rec)
+    if (rec.reachable is not True or not rec.interior_capable or not tracker.has_standing(rec)  # capable: has a url
             or rec.url in tracker.uploads.estimate or rec.url in tracker.uploads.probed):
         return False
     if not tracker.in_flight():
