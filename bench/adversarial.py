@@ -41,7 +41,8 @@ from tests.adversarial.evil_node import EvilNode, Sampler  # noqa: E402
 from tests.adversarial.identity_attacks import IDENTITY_ATTACKS  # noqa: E402
 from tests.conftest import Procs, free_port, get_json, wait_json  # noqa: E402
 from trainer.config import RunConfig, TaskConfig  # noqa: E402
-from trainer.guard import FRAUD, Guard, GuardConfig, PairedRewards  # noqa: E402
+from trainer.guard import FRAUD, Guard, GuardConfig  # noqa: E402
+from trainer.pairing import PairedRewards  # noqa: E402
 
 FP_DROPS = ("cherry_picking", "fraud_on_probation", "banned_node")
 
@@ -102,13 +103,13 @@ def cherry_power(sampler: Sampler, task, group_size: int, ks: list[int], ms: lis
         for m in ms:
             fired = 0
             for _ in range(trials):
-                pairs = PairedRewards()
+                pairs = PairedRewards(window=0, is_reference=lambda node_id: node_id == "honest")
                 for j in range(m):
                     rs = pools[rng.randrange(len(pools))]
                     draw = rng.sample(rs, group_size + k * group_size)
                     honest, picked = draw[:group_size], sorted(draw[group_size:], reverse=True)[:group_size]
-                    pairs.add(str(j), "honest", sum(honest) / group_size)
-                    pairs.add(str(j), "node", sum(picked) / group_size)
+                    pairs.add(str(j), "honest", 0, honest)
+                    pairs.add(str(j), "node", 0, picked)
                 guard.pairs = pairs
                 fired += guard.cherry_picking("node")
             (out["honest_fire"] if k == 1 else out["power"].setdefault(f"best_of_{k}", {}))[m] = fired / trials

@@ -126,7 +126,7 @@ def cmd_tree(args) -> int:
 def cmd_doctor(args) -> int:
     from swarm.doctor import run
 
-    return run(args.trainer, args.trainer_key, args.relay_host, args.relay_port)
+    return run(args.trainer, args.trainer_key, args.relay_host, args.relay_port, args.data_dir)
 
 
 def cmd_demo(args) -> int:

@@ -1,8 +1,9 @@
 """`swarm doctor --trainer HOST:PORT`: what a GPU owner runs when something is wrong.
 
 Each check prints one line: ok / FAIL / warn, what was found, and what to do. It registers nothing with
-the trainer (a throwaway key says Hello), downloads one manifest and one piece, and asks the tracker to
-connect back to this machine's relay port.
+the trainer (the node's own key says Hello, or a throwaway key where the node has none yet: the trainer
+says where the key stands, and whether a key on probation can be paired there), downloads one manifest
+and one piece, and asks the tracker to connect back to this machine's relay port.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -38,13 +40,12 @@ class Check:
         return f"[{mark}] {self.name:<12} {self.found}" + (f"\n       -> {self.todo}" if self.todo else "")
 
 
-async def _hello(endpoint: str, host: str, timeout: float) -> P.Welcome | P.Error | None:
+async def _hello(endpoint: str, host: str, timeout: float, key: KeyPair) -> P.Welcome | P.Error | None:
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
-        key = KeyPair.generate()
         await sock.send_multipart(P.sign(P.Hello(node_id=key.public_hex, trainer_host=host), key))
         async with asyncio.timeout(timeout):
             while True:
@@ -107,13 +108,35 @@ async def _connect_back(session: aiohttp.ClientSession, tracker: str, relay_host
                  "trains, downloading only")
 
 
+def _probation(hello: P.Welcome, own_key: bool) -> Check:
+    """Will this machine's node have its work trained on, or wait on probation with nobody to pair it with?"""
+    who = "this node's key" if own_key else "a new key"
+    if hello.standing == "established":
+        return Check("probation", True, f"{who} is established with this trainer: its work trains at once")
+    if hello.unpaired:
+        return Check("probation", None, f"{who} {'is' if hello.standing == 'probation' else 'will be'} on "
+                     f"probation, and the trainer has nobody to pair it with (no reference of its own, no "
+                     f"established node live): its work waits in quarantine and does not train"
+                     + (f" ({hello.shared_prompts} shared prompts so far)" if own_key else ""),
+                     "ask the run's operator to start the trainer with --reference, or to run a node of "
+                     "their own and trust its key (--trust KEY)")
+    if hello.standing == "probation":
+        return Check("probation", True, f"{who} is on probation: {hello.shared_prompts} shared prompts compared "
+                     "so far; its work trains once the paired test clears it")
+    return Check("probation", True, f"{who} starts on probation; the trainer can pair it, so its work trains "
+                 "once a few dozen shared prompts clear it")
+
+
 async def diagnose(trainer: str, trainer_key: str | None = None, relay_host: str = "0.0.0.0",
-                   relay_port: int = 0, timeout: float = 5.0) -> list[Check]:
+                   relay_port: int = 0, timeout: float = 5.0, data_dir: str | None = None) -> list[Check]:
     endpoint = trainer if "://" in trainer else f"tcp://{trainer}"
     parts = urlsplit(endpoint)
     host = parts.hostname or ""
     checks: list[Check] = []
-    hello = await _hello(endpoint, host, timeout)
+    # The node's own key when it has one (the trainer says where it stands), else a throwaway one.
+    key_path = Path(data_dir) / "node.key" if data_dir else None
+    own_key = key_path is not None and key_path.exists()
+    hello = await _hello(endpoint, host, timeout, KeyPair.load_or_create(key_path) if own_key else KeyPair.generate())
     if not isinstance(hello, P.Welcome):
         why = hello.message if isinstance(hello, P.Error) else f"no answer in {timeout:.0f}s"
         checks.append(Check("trainer", False, f"{endpoint}: {why}",
@@ -122,6 +145,7 @@ async def diagnose(trainer: str, trainer_key: str | None = None, relay_host: str
         return checks
     checks.append(Check("trainer", True, f"{endpoint} answers (protocol {hello.protocol}, policy v{hello.version}); "
                         f"it sees this machine as {hello.seen_as or '?'}"))
+    checks.append(_probation(hello, own_key))
     pinned = load_public(trainer_key) if trainer_key else None
     if pinned is not None and pinned.hex() != hello.trainer_key:
         checks.append(Check("trainer key", False, f"the trainer signs with {fingerprint(hello.trainer_key)}, "
@@ -161,8 +185,8 @@ async def diagnose(trainer: str, trainer_key: str | None = None, relay_host: str
     return checks
 
 
-def run(trainer: str, trainer_key: str | None, relay_host: str, relay_port: int) -> int:
-    checks = asyncio.run(diagnose(trainer, trainer_key, relay_host, relay_port))
+def run(trainer: str, trainer_key: str | None, relay_host: str, relay_port: int, data_dir: str | None = None) -> int:
+    checks = asyncio.run(diagnose(trainer, trainer_key, relay_host, relay_port, data_dir=data_dir))
     for c in checks:
         print(c.line(), flush=True)
     failed = [c for c in checks if c.ok is False]

@@ -28,6 +28,10 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust", action="append", metavar="KEY", help="a node key (64 hex chars, as `swarm node` "
                    "prints it) of a node you run yourself: no probation, and new nodes can be paired with it "
                    "(config: guard.trusted; repeat for several)")
+    p.add_argument("--reference", action="store_true", default=None,
+                   help="the trainer samples each prompt of a node on probation itself, with the same weights, as "
+                   "the reference of the cherry-picking test: strangers are checked and released with no node of "
+                   "your own (config: guard.reference; its cost: guard.reference_budget)")
 
 
 def run_overrides(args: argparse.Namespace) -> list[str]:
@@ -39,6 +43,8 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
             overrides.append(f'{key}="{value}"' if isinstance(value, str) else f"{key}={value}")
     if getattr(args, "trust", None):
         overrides.append("guard.trusted=[" + ",".join(f'"{k.strip()}"' for k in args.trust) + "]")
+    if getattr(args, "reference", None):
+        overrides.append("guard.reference=true")
     return overrides
 
 
@@ -112,3 +118,6 @@ def add_doctor_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--relay-host", default="0.0.0.0", help="address to listen on for the reachability test")
     p.add_argument("--relay-port", type=int, default=0,
                    help="the port `swarm node --relay-port` will use (0: any free port, tested the same way)")
+    p.add_argument("--data-dir", default=os.path.expanduser("~/.cache/rollout-swarm/node"),
+                   help="the node's data dir (as `swarm node --data-dir`): with its key there, the trainer says "
+                   "whether this node's work waits on probation; the key is read, never made")

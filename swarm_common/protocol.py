@@ -126,6 +126,13 @@ class Welcome(msgspec.Struct, tag="welcome", forbid_unknown_fields=True):
     http_port: int  # the trainer's HTTP API (/api/summary, /metrics), on the host of the node port
     version: int  # the newest version announced
     seen_as: str  # the address the sender's message came from, as the trainer saw it
+    # The sender's key as the trainer knows it: "established" (or trusted), "probation" (a registered key
+    # not yet cleared by the paired test), or "new" (not registered).
+    standing: str = "new"
+    # A key on probation here waits for good: no reference of the trainer's and no established node live
+    # to share prompts with (what `swarm doctor` warns about).
+    unpaired: bool = False
+    shared_prompts: int = 0  # the sender's shared prompts that count toward its probation verdict
 
 
 class WorkAssignment(msgspec.Struct, tag="work", forbid_unknown_fields=True):

@@ -1,11 +1,15 @@
-"""Who may register: a rate per source address, and the optional cost of a fresh identity.
+"""Who may register: a rate per source address and per address prefix, and the optional cost of a fresh
+identity.
 
 Identities are free (a key is one call), so nothing about a new key is trusted; this only bounds how fast
-new keys can arrive from one address, and, for open runs, makes each one cost a proof of work or an invite.
+new keys can arrive from one address and from one network (a /24 of IPv4, a /64 of IPv6: what one
+machine or one customer of a provider usually holds, so a block of addresses buys no more than a few),
+and, for open runs, makes each one cost a proof of work or an invite.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from pathlib import Path
@@ -27,15 +31,25 @@ class Admission:
         self.used: dict[str, str] = json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def register_allowed(self, source: str) -> bool:
-        """One registration from `source` (an IP address) now: within its token bucket?"""
+        """One registration from `source` (an IP address) now: within its address's token bucket and its
+        prefix's? Both are spent only when both allow it."""
         now = time.monotonic()
-        tokens, last = self.buckets.pop(source, (float(self.cfg.register_burst), now))
-        tokens = min(self.cfg.register_burst, tokens + (now - last) * self.cfg.register_rate)
-        ok = tokens >= 1.0
-        self.buckets[source] = (tokens - 1.0 if ok else tokens, now)  # re-inserted: newest last
+        cfg = self.cfg
+        keys = [(source, cfg.register_burst, cfg.register_rate)]
+        prefix = address_prefix(source)
+        if prefix is not None:
+            keys.append((prefix, cfg.register_prefix_burst, cfg.register_prefix_rate))
+        levels = [self._level(key, burst, rate, now) for key, burst, rate in keys]
+        ok = all(tokens >= 1.0 for tokens in levels)
+        for (key, *_), tokens in zip(keys, levels, strict=True):
+            self.buckets[key] = (tokens - 1.0 if ok else tokens, now)  # re-inserted: newest last
         while len(self.buckets) > MAX_ADDRESSES:
             self.buckets.pop(next(iter(self.buckets)))
         return ok
+
+    def _level(self, key: str, burst: int, rate: float, now: float) -> float:
+        tokens, last = self.buckets.pop(key, (float(burst), now))
+        return min(burst, tokens + (now - last) * rate)
 
     def check(self, msg: P.Register, established: bool) -> P.Error | None:
         """The admission cost of a key that is not established: a proof of work, an invite, or both."""
@@ -54,3 +68,15 @@ class Admission:
                 self.used[msg.invite] = msg.node_id
                 write_atomic(self.path, json.dumps(self.used, indent=1, sort_keys=True))
         return None
+
+
+def address_prefix(source: str) -> str | None:
+    """The network `source` belongs to for the registration budget: its /24 (IPv4) or /64 (IPv6); None
+    when it is not an IP address (then only its own bucket applies)."""
+    try:
+        ip = ipaddress.ip_address(source)
+    except ValueError:
+        return None
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ipaddress.ip_network(f"{ip}/{24 if ip.version == 4 else 64}", strict=False))

@@ -67,15 +67,25 @@ class Auditor:
         self.loaded: int | None = None
         self.rng = random.Random(seed)
         self.calibration = Calibration()
-        self._lock = threading.Lock()  # one audit at a time on the shared audit model
+        self.lock = threading.Lock()  # one user at a time of the shared model (audits, trainer/reference.py)
 
     def remember(self, version: int, state: dict[str, torch.Tensor], keep_from: int) -> None:
         """Keep version `version`'s weights (a state dict no one changes) and forget those older than
         `keep_from`."""
-        with self._lock:
+        with self.lock:
             self.versions[version] = state
             for v in [v for v in self.versions if v < keep_from]:
                 del self.versions[v]
+
+    def load(self, version: int):
+        """The model with version `version`'s weights, or None when they are not kept (hold `lock`)."""
+        state = self.versions.get(version)
+        if state is None:
+            return None
+        if self.loaded != version:
+            self.model.load_state_dict(state)
+            self.loaded = version
+        return self.model
 
     def should_audit(self, groups_from_node: int, suspect: bool) -> bool:
         if suspect or groups_from_node < self.cfg.new_node_groups:
@@ -84,16 +94,13 @@ class Auditor:
 
     @torch.no_grad()
     def audit(self, prompt_ids: list[int], samples: list[P.Sample], version: int) -> AuditResult:
-        with self._lock:
-            state = self.versions.get(version)
-            if state is None:
+        with self.lock:
+            model = self.load(version)
+            if model is None:
                 return AuditResult("unknown_version", 0.0, 0.0)
-            if self.loaded != version:
-                self.model.load_state_dict(state)
-                self.loaded = version
             b = pack_groups([prompt_ids], [[s.token_ids for s in samples]], [[s.logprobs for s in samples]],
                             self.pad_id)
-            logits = completion_logits(self.model, b)
+            logits = completion_logits(model, b)
         logprobs = torch.log_softmax(logits / self.temperature, dim=-1)
         mask = b.completion_mask.bool()
         targets = b.completion_ids

@@ -7,15 +7,16 @@
   a suspect: all of its groups are audited from then on.
 - Cherry-picking: a node that samples many completions and returns its best G sends honest-looking
   log-probs, so no audit of its tokens can see it. Now and then the same prompt goes to two nodes; over
-  M shared prompts a one-sided paired z-test compares each node's mean reward with its partners'. An
-  honest node's differences average zero; a cherry-picker's are positive.
-- Probation: a new key's groups wait in a quarantine, every one of its prompts also goes to another node,
-  and only once at least `pair_min` shared prompts show a small reward excess (z <= `pair_release_z` at
-  `pair_min` prompts, a bar that rises as sqrt(n / pair_min) after) is it
-  established and its groups released to the learner; z > `pair_z` catches it, and in between more shared
-  prompts decide (a sequential test: releasing on "not yet significant" let a best-of-4 node through).
-  So a cherry-picker is caught before any of its work is trained on.
-  A node with nobody to be paired with (it is alone) is released after `probation_groups` audited groups.
+  M shared prompts a one-sided paired z-test compares each node's mean reward with a reference's on the
+  same prompt at a close policy version (trainer/pairing.py). An honest node's differences average zero;
+  a cherry-picker's are positive.
+- Probation: a new key's groups wait in a quarantine, every one of its prompts also goes to another node
+  (and to the trainer's own reference sampler with `reference` on), and only once at least `pair_min`
+  shared prompts show a small reward excess (z <= `pair_release_z` at `pair_min` prompts, a bar that
+  rises as sqrt(n / pair_min) after) is it established and its groups released to the learner; z >
+  `pair_z` catches it, and in between more shared prompts decide (a sequential test: releasing on "not
+  yet significant" let a best-of-4 node through). So a cherry-picker is caught before any of its work
+  is trained on. With no reference at all a node waits on probation, unless `release_unpaired`.
 """
 
 from __future__ import annotations
@@ -23,12 +24,17 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import msgspec
 
 from swarm_common.atomic import write_atomic
+from trainer.pairing import PairedRewards
+
+# The node id under which the trainer's own reference samples enter the paired test (never a real key:
+# keys are 64 hex digits).
+REFERENCE = "reference"
 
 # Reasons that mean the node lied or broke the protocol on purpose; `stale` and `late` are honest.
 FRAUD = frozenset({
@@ -50,8 +56,17 @@ class GuardConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     msg_burst: int = 200
     max_held: int = 128  # assignments one node may hold at once
     duplicate_share: float = 0.05  # prompts also given to a second node, for the cherry-picking test
-    pair_z: float = 4.0  # z above which a node's reward excess over its partners is cherry-picking
-    pair_min: int = 12  # shared prompts needed before the test may fire
+    # z above which a node's reward excess over its references is cherry-picking, and the shared prompts
+    # that carry evidence (not both groups alike and all alike) needed before any verdict. Chosen by
+    # simulation (bench/probation_sim.py, docs/benchmarks.md): about 2 honest keys in 100,000 banned,
+    # no best-of-2 or best-of-4 key released.
+    pair_z: float = 4.5
+    pair_min: int = 16
+    # Two answers to a shared prompt are compared only when their policy versions are at most this far
+    # apart: a policy that improves makes the newer answer better without any cheating. The default is
+    # train.max_lag's: the drift over 2 versions is a few hundredths of a difference's noise even while
+    # the demo learns fastest (docs/benchmarks.md, "The paired test while the policy improves").
+    pair_window: int = 2
     # Probation ends in release only once the excess is small (z at most this at pair_min shared prompts,
     # times sqrt(n / pair_min) at n): between it and pair_z the node stays on probation and more decide.
     pair_release_z: float = 1.0
@@ -62,6 +77,11 @@ class GuardConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # its groups in quarantine): two new keys pairing with each other could be one cheater's. True releases
     # a node that delivered probation_groups audited groups with no established partner live (a lab).
     release_unpaired: bool = False
+    # The trainer as the reference for keys on probation (swarm train --reference): it samples each of their
+    # prompts itself with the same weights and settings, so strangers are paired even when no node of the
+    # operator's is live. It spends at most reference_budget of one thread's time (trainer/reference.py).
+    reference: bool = False
+    reference_budget: float = 0.25
     # Work share is earned. A key with no accepted work may hold new_key_held assignments; each accepted
     # group adds one (up to max_held), each expiry halves it. Keys that are not established hold together
     # at most new_keys_share of train.inflight_groups (held or waiting in quarantine), so established nodes
@@ -71,9 +91,16 @@ class GuardConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     expiries_to_pause: int = 2  # expiries in a row (no accepted group between) that pause a key ...
     pause_s: float = 60.0  # ... for this long
     expiries_to_drop: int = 4  # ... and that drop its registration (it must register again)
-    # Registrations per second per source address (a token bucket of register_burst).
+    # A key that is not established, silent this long and holding nothing (no work, nothing in quarantine),
+    # is forgotten: it registers again if it comes back. Past the 5 minutes a registration is valid for.
+    forget_after_s: float = 600.0
+    # Registrations per second per source address (a token bucket of register_burst), and per address
+    # prefix (/24 of IPv4, /64 of IPv6): a block of addresses buys a few times one address's budget, not
+    # hundreds of times. Established and trusted keys register without spending either.
     register_rate: float = 0.2
     register_burst: int = 10
+    register_prefix_rate: float = 0.5
+    register_prefix_burst: int = 30
     # Admission cost for open runs: a Register must carry a proof of work of this many leading zero bits
     # (sha256 of key, time and nonce; 20 bits is about a second of one core), and/or one of these invite
     # tokens (each binds to the first key that uses it). 0 and [] admit anyone.
@@ -83,36 +110,6 @@ class GuardConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def __post_init__(self) -> None:
         self.allowlist = frozenset(k.lower() for k in self.allowlist)
         self.trusted = frozenset(k.lower() for k in self.trusted)
-
-
-class PairedRewards:
-    """Per node: the differences between its mean reward and another node's on the same prompt."""
-
-    def __init__(self):
-        self.by_item: dict[str, dict[str, float]] = defaultdict(dict)
-        self.n: Counter = Counter()
-        self.s: Counter = Counter()
-        self.ss: Counter = Counter()
-
-    def add(self, item_id: str, node_id: str, mean_reward: float) -> None:
-        seen = self.by_item[item_id]
-        for other, r in seen.items():
-            if other != node_id:
-                for a, d in ((node_id, mean_reward - r), (other, r - mean_reward)):
-                    self.n[a] += 1
-                    self.s[a] += d
-                    self.ss[a] += d * d
-        seen[node_id] = mean_reward
-
-    def z(self, node_id: str) -> tuple[int, float]:
-        n = self.n[node_id]
-        if n < 2:
-            return n, 0.0
-        mean = self.s[node_id] / n
-        # The sample variance (n - 1: with a dozen pairs the biased one overstates z), floored: identical
-        # rewards are not infinite evidence.
-        var = max((self.ss[node_id] - n * mean * mean) / (n - 1), 1e-4)
-        return n, mean / math.sqrt(var / n)
 
 
 class Guard:
@@ -125,7 +122,9 @@ class Guard:
                                       if self.established_path.exists() else set())
         self.strikes: Counter = Counter()
         self.suspects: set[str] = set()
-        self.pairs = PairedRewards()
+        # A difference counts toward a node's test only against a reference: an established or trusted
+        # key, or the trainer's own samples (trainer/reference.py).
+        self.pairs = PairedRewards(cfg.pair_window, self.is_reference)
         self._buckets: dict[str, tuple[float, float]] = {}
         self.last_register_ms: dict[str, int] = {}
 
@@ -154,6 +153,14 @@ class Guard:
         self.last_register_ms[node_id] = time_ms
         return True
 
+    def forget(self, node_id: str) -> None:
+        """A silent key the trainer forgets: its message budget, evidence and last registration go (bans
+        and strikes stay). Forgotten only after forget_after_s > 5 minutes, so a replay of its old
+        registration is refused anyway, as too old."""
+        self._buckets.pop(node_id, None)
+        self.last_register_ms.pop(node_id, None)
+        self.pairs.forget_node(node_id)
+
     def strike(self, node_id: str, reason: str) -> bool:
         """Record a fraud; returns True when it bans the node."""
         self.strikes[node_id] += 1
@@ -170,17 +177,23 @@ class Guard:
     def is_established(self, node_id: str) -> bool:
         return node_id in self.established or node_id in self.cfg.trusted
 
+    def is_reference(self, node_id: str) -> bool:
+        """Do this node's answers count as the yardstick of the paired test?"""
+        return node_id == REFERENCE or self.is_established(node_id)
+
     def probation_verdict(self, node_id: str, delivered: int, has_partner: bool) -> str | None:
         """"cherry_picking", "released", or None while the evidence is not in yet, for a node on probation
         that has delivered `delivered` audited groups."""
         n, z = self.pairs.z(node_id)
-        if n >= self.cfg.pair_min:
-            if z > self.cfg.pair_z:
-                return "cherry_picking"
-            # The bar rises as sqrt(n / pair_min): what it bounds is the reward excess per shared prompt
-            # in standard deviations (z / sqrt(n)), so an honest node (z ~ N(0, 1) at every n) is soon
-            # released, while a cherry-picker's z grows as sqrt(n) times its excess and meets pair_z first.
-            if z <= self.cfg.pair_release_z * math.sqrt(n / self.cfg.pair_min):
+        if n >= self.cfg.pair_min and z > self.cfg.pair_z:
+            return "cherry_picking"
+        # Enough evidence, or so many shared prompts alike on both sides (a task the policy has mastered:
+        # picking the best of k changes nothing there) that waiting for more would never end.
+        if n >= self.cfg.pair_min or self.pairs.compared[node_id] >= 4 * self.cfg.pair_min:
+            # The bar rises as sqrt(n / pair_min): what it bounds is the reward excess per shared prompt in
+            # standard deviations (z / sqrt(n)), so an honest node (z ~ N(0, 1) at every n) is soon released,
+            # while a cherry-picker's z grows as sqrt(n) times its excess and meets pair_z first.
+            if z <= self.cfg.pair_release_z * math.sqrt(max(n, 1) / self.cfg.pair_min):
                 return "released"
             return None  # not clean enough to release, not enough to convict: more shared prompts
         if not has_partner and self.cfg.release_unpaired and delivered >= self.cfg.probation_groups:

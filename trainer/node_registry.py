@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -49,8 +48,11 @@ class NodeRegistry:
         now = time.monotonic()
         return {n for n, r in self.nodes.items() if now - r.last_seen > self.gone_after_s}
 
-    def has_live_other(self, node_id: str, pred: Callable[[str], bool] = lambda n: True) -> bool:
-        """Is there another live, unbanned node, for which `pred` holds?"""
-        now = time.monotonic()
-        return any(n != node_id and n not in self.banned and now - r.last_seen <= self.gone_after_s and pred(n)
-                   for n, r in self.nodes.items())
+    def forget(self, node_id: str) -> NodeRecord | None:
+        return self.nodes.pop(node_id, None)
+
+    def live(self, node_id: str) -> bool:
+        """Registered, not banned, and heard from within gone_after_s."""
+        rec = self.nodes.get(node_id)
+        return (rec is not None and node_id not in self.banned
+                and time.monotonic() - rec.last_seen <= self.gone_after_s)

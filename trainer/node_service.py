@@ -1,10 +1,11 @@
 """The trainer's node-facing service: a zmq ROUTER that registers nodes, hands out work and takes rollouts.
 
 Every frame is decoded, validated and its signature checked (swarm_common.protocol); a bad one gets an
-`Error` reply and a log line, and the loop goes on. The jobs are in their own modules: the hand-out and
-its pacing (trainer/work.py), the intake of submissions (trainer/submissions.py), probation and its
-quarantine (trainer/probation.py), the node registry (trainer/node_registry.py). This class owns them,
-dispatches messages to them, and carries out what a strike or a ban means across all of them.
+`Error` reply and a log line, and the loop goes on. The jobs are in their own modules: registration and
+forgetting silent keys (trainer/membership.py), the hand-out and its pacing (trainer/work.py), the intake
+of submissions (trainer/submissions.py), keys on probation and their verdicts (trainer/newcomers.py,
+trainer/probation.py), the node registry (trainer/node_registry.py). This class owns them, dispatches
+messages to them, and carries out what an expiry, a strike or a ban means across all of them.
 
 The trainer steers it through explicit calls: `begin_step()`, `end_step(version)`, `announce(version)`,
 `take_batch(n, oldest)`, `restore(...)`, `state()` and `close()`.
@@ -24,7 +25,6 @@ import zmq.asyncio
 from rewards.base import Task, TaskItem
 from swarm_common import protocol as P
 from swarm_common.chat import encode_prompt
-from trainer.admission import Admission
 from trainer.audit import Auditor
 from trainer.batch_buffer import BatchBuffer
 from trainer.checkpoint import TrainerState
@@ -32,14 +32,20 @@ from trainer.config import RunConfig
 from trainer.guard import Guard
 from trainer.intake import Group, Limits
 from trainer.ledger import Ledger
+from trainer.membership import Membership
+from trainer.newcomers import Newcomers
 from trainer.node_registry import NodeRegistry
 from trainer.probation import Probation
+from trainer.reference import Reference
 from trainer.stats import RunStats
 from trainer.submissions import Intake
 from trainer.work import WorkHandout
 from trainer.work_share import WorkShare
 
 log = logging.getLogger(__name__)
+
+# Refusals of honest but useless work: like an expiry, they shrink the key's share (trainer/work_share.py).
+LATE = frozenset({"stale", "late"})
 
 # A work request that finds no room waits here this long at most (a long poll) and is answered as soon as
 # room opens: a node polling on a timer would idle up to a period each step, which on a fast step is most of it.
@@ -68,20 +74,31 @@ class NodeService:
                                 work_lag=t.work_lag, max_held=cfg.guard.max_held,
                                 duplicate_share=cfg.guard.duplicate_share,
                                 probation_groups=cfg.guard.probation_groups,
-                                assignment_timeout_s=cfg.server.assignment_timeout_s, seed=t.seed)
+                                assignment_timeout_s=cfg.server.assignment_timeout_s, seed=t.seed,
+                                pair_window=cfg.guard.pair_window)
         self.work.established = guard.is_established
         self.share = WorkShare(cfg.guard, t.inflight_groups)
-        self.admission = Admission(cfg.run_dir, cfg.guard)
         self.probation = Probation(guard, cfg.guard.probation_groups)
         self.buffer = BatchBuffer()
         limits = Limits(t.group_size, t.max_tokens, vocab_size, tokenizer.eos_token_id, t.max_lag,
                         task.correct_metric)
         self.intake = Intake(task, tokenizer, limits, self.work, guard, self.probation, self.buffer, auditor,
                              stats, ledger.accepted, self._drop, t.dynamic_sampling)
+        reference = None
+        if cfg.guard.reference:
+            if auditor is None:
+                raise ValueError("guard.reference samples with the audit's copy of each version: it needs "
+                                 "audit.enabled = true")
+            reference = Reference(auditor, self.intake.rewards_of, t.group_size, t.max_tokens,
+                                  tokenizer.eos_token_id, tokenizer.pad_token_id, cfg.guard.reference_budget)
+        self.newcomers = Newcomers(cfg, guard, registry, self.work, self.probation, stats, reference,
+                                   self.intake.to_buffer, self._drop, self._strike, self._standing)
+        stats.pairing_provider = self.newcomers.pairing
         self.work_changed = asyncio.Event()  # pulsed when room for work may have opened
         self.parked: dict[str, asyncio.Task] = {}  # node id -> its work request waiting for room
-        self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
-        self._warned_unpaired = -1e9
+        self.members = Membership(cfg, guard, registry, stats, self.work, self.share, self.probation,
+                                  self.newcomers, tracker_url, trainer_key, self.sampling, self.weights_info)
+        self.idents = self.members.idents  # node id -> zmq routing identity
         registry.banned.update(guard.bans)
         if tree is not None:  # the tree bans whom the trainer bans, and ranks whom it trusts
             for key, reason in guard.bans.items():
@@ -140,8 +157,8 @@ class NodeService:
         self.work.announce(version)
         self._pulse()
         notice = P.encode(P.VersionNotice(weights=self.weights_info()))
-        for node_id, ident in self.idents.items():
-            if node_id not in self.guard.bans:
+        for node_id, ident in list(self.idents.items()):  # live keys only: silent ones ask when they return
+            if self.registry.live(node_id):
                 await self.sock.send_multipart([ident, notice])
 
     def weights_info(self) -> P.WeightsInfo:
@@ -158,8 +175,10 @@ class NodeService:
         self.sock.bind(f"tcp://{self.cfg.server.host}:{self.cfg.server.port}")
         self._task = asyncio.create_task(self._serve())
         self._reaper = asyncio.create_task(self._expire_loop())
+        self.newcomers.start()
 
     async def stop(self) -> None:
+        self.newcomers.stop()
         for t in (self._task, self._reaper, *self.parked.values()):
             t.cancel()
         self.sock.close(0)
@@ -191,13 +210,9 @@ class NodeService:
             self.stats.refuse(self.registry.get(msg.node_id), "rate_limited")
             return P.Error(code="rate_limited", message="too many messages; slow down")
         if isinstance(msg, P.Register):
-            return self._register(ident, msg, source)
+            return self.members.register(ident, msg, source)
         if isinstance(msg, P.Hello):
-            if not self.admission.register_allowed(source):
-                return P.Error(code="rate_limited", message=f"too many requests from {source}; slow down")
-            return P.Welcome(protocol=P.PROTOCOL_VERSION, trainer_key=self.trainer_key,
-                             tracker_url=self._tracker_url_for(msg.trainer_host),
-                             http_port=self.cfg.server.http_port, version=self.work.version, seen_as=source)
+            return self.members.hello(msg, source)
         rec = self.registry.get(msg.node_id)
         if rec is None or self.idents.get(msg.node_id) != ident:
             return P.Error(code="unknown_node", message="register first")
@@ -213,42 +228,17 @@ class NodeService:
             self.parked[msg.node_id] = asyncio.create_task(self._park(ident, msg))
             return None
         out = await self.intake.submit(rec, msg)
-        self.share.accepted(msg.node_id, out.accepted, self.guard.is_established(msg.node_id))
+        if out.accepted:
+            self.share.accepted(msg.node_id, out.accepted, self.guard.is_established(msg.node_id))
+        elif LATE & set(out.result.refused.values()):
+            self._expired(msg.node_id)  # work that came too late to train on counts as work that never came
         if out.fraud:
             self._strike(msg.node_id, out.fraud)
+        self.newcomers.quarantined(out.quarantined)
         if out.accepted:  # new shared prompts: this node's and its partners' verdicts may be in
-            self._review_probation()
+            self.newcomers.review()
         self._pulse()  # refused work leaves room behind it, and probation may have released a node
         return out.result
-
-    def _register(self, ident: bytes, msg: P.Register, source: str) -> P.Message:
-        if msg.protocol != P.PROTOCOL_VERSION:
-            return P.Error(code="protocol", message=f"trainer speaks protocol {P.PROTOCOL_VERSION}")
-        established = self.guard.is_established(msg.node_id)
-        if not established and not self.admission.register_allowed(source):
-            self.stats.refuse(None, "register_rate")
-            return P.Error(code="rate_limited", message=f"too many registrations from {source}; slow down")
-        refusal = self.admission.check(msg, established)
-        if refusal is not None:
-            self.stats.refuse(None, refusal.code)
-            return refusal
-        if not self.guard.fresh_register(msg.node_id, msg.time_ms):
-            return P.Error(code="stale_register", message="registration older than the last one, or clock off")
-        self.registry.register(msg.node_id, msg.name, msg.status_url)
-        self.idents[msg.node_id] = ident
-        self.probation.begin(msg.node_id)
-        log.info("node %s registered (%s)", msg.name, msg.node_id[:12])
-        return P.Registered(node_id=msg.node_id, weights=self.weights_info(), sampling=self.sampling,
-                            heartbeat_s=self.cfg.server.heartbeat_s, max_lag=self.cfg.train.max_lag,
-                            tracker_url=self._tracker_url_for(msg.trainer_host), trainer_key=self.trainer_key)
-
-    def _tracker_url_for(self, trainer_host: str) -> str:
-        """Where a node reaches the tracker: the operator's public address, else the host the node reached
-        this trainer at (`trainer_host`: the tracker listens beside the node port), else the bound address."""
-        host = self.cfg.server.public_host or trainer_host
-        if not host:
-            return self.tracker_url
-        return f"http://{f'[{host}]' if ':' in host else host}:{self.cfg.server.tracker_port}"
 
     # ---- work ----------------------------------------------------------------------------------------
 
@@ -307,7 +297,8 @@ class NodeService:
                 log.info("re-queued %d expired assignments (or held by gone nodes)", len(late))
             for node_id in {h.node_id for h in late}:  # one expiry event per node and sweep
                 self._expired(node_id)
-            self._review_probation()
+            self.members.forget_silent(self.parked)
+            self.newcomers.review()
             self._pulse()
 
     def _expired(self, node_id: str) -> None:
@@ -329,45 +320,10 @@ class NodeService:
             self.stats.drop(reason, len(groups))
             self.ledger.dropped(groups, reason, self.stats.step)
 
-    def _review_probation(self) -> None:
-        """Release nodes the paired test cleared, drop and strike those it caught, drop what went stale."""
-        review = self.probation.review(self.work.version - self.cfg.train.max_lag, self._has_partner)
-        if review.stale:
-            self._drop(review.stale, "stale_in_quarantine")
-            log.info("dropped %d quarantined groups that went stale", len(review.stale))
-        for node_id, groups in review.released.items():
-            self.intake.to_buffer(groups)
-            if self.tree is not None:
-                self.tree.set_standing(node_id)
-            n, z = self.guard.pairs.z(node_id)
-            log.info("node %s passed probation (%d shared prompts, z %.2f): %d groups released",
-                     node_id[:12], n, z, len(groups))
-        for node_id, groups in review.caught.items():
-            self._drop(groups, "cherry_picking")
-            for _ in groups:
-                self.stats.refuse(self.registry.get(node_id), "cherry_picking")
-            n, z = self.guard.pairs.z(node_id)
-            log.warning("node %s: reward excess over its partners on %d shared prompts (z %.1f): "
-                        "cherry-picking; %d quarantined groups dropped", node_id[:12], n, z, len(groups))
-            self._strike(node_id, "cherry_picking")
-        self.stats.quarantined = len(self.probation.quarantine)
-        self._warn_unpaired()
-
-    def _warn_unpaired(self) -> None:
-        """Say so, once a minute, when new nodes wait on probation with nobody to be paired with."""
-        waiting = [n for n in self.probation.delivered if not self._has_partner(n)]
-        if not waiting or self.cfg.guard.release_unpaired or time.monotonic() < self._warned_unpaired + 60:
-            return
-        self._warned_unpaired = time.monotonic()
-        log.warning("%d node(s) on probation and no established or trusted node to pair them with: their %d "
-                    "groups wait in quarantine and nothing trains. Run a node of your own and trust its key "
-                    "(swarm train --trust KEY, or guard.trusted), or accept unpaired nodes after "
-                    "guard.probation_groups audited groups (--set guard.release_unpaired=true).",
-                    len(waiting), len(self.probation.quarantine))
-
-    def _has_partner(self, node_id: str) -> bool:
-        """Is a live established (or trusted) node there to be paired with `node_id`?"""
-        return self.registry.has_live_other(node_id, self.guard.is_established)
+    def _standing(self, node_id: str) -> None:
+        """The key passed probation: the relay tree ranks it with the established."""
+        if self.tree is not None:
+            self.tree.set_standing(node_id)
 
     def _strike(self, node_id: str, reason: str) -> None:
         # A node on probation has earned no trust yet: a fraud drops everything it has in quarantine.

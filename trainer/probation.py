@@ -43,6 +43,11 @@ class Probation:
             return
         self.delivered[node_id] = max(self.delivered.get(node_id, 0), self.waiting(node_id))
 
+    def forget(self, node_id: str) -> None:
+        """A silent key with nothing in quarantine is forgotten: if it returns, its probation starts over."""
+        if not self.waiting(node_id):
+            self.delivered.pop(node_id, None)
+
     def admit(self, node_id: str, groups: list[Group]) -> None:
         self.quarantine.extend(groups)
         self.delivered[node_id] += len(groups)

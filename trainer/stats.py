@@ -89,8 +89,11 @@ class Overview(msgspec.Struct, kw_only=True):
     refused: dict[str, int]
     dropped: dict[str, int]
     lag_counts: dict[str, int]  # accepted groups by version lag ("0", "1", ...)
-    nodes: list[NodeRow]
+    nodes: list[NodeRow]  # every key but the silent ones
     tree: Any  # the relay tree (broadcast TreeView) or None
+    # Keys on probation and whether anyone can be paired with them (trainer/newcomers.py's Pairing), or None.
+    pairing: Any = None
+    silent_keys: int = 0  # registered keys, silent past gone_after_s, that never had work accepted (not listed)
 
 
 class Summary(Overview, kw_only=True):
@@ -136,6 +139,8 @@ class RunStats:
         self.history: deque[ThroughputSample] = deque(maxlen=3600)
         # Returns the relay tree (a msgspec struct or dict) for the views; None until a tree exists.
         self.tree_provider: Callable[[], Any] | None = None
+        # Returns the newcomers' Pairing (trainer/newcomers.py) for the views and the banners.
+        self.pairing_provider: Callable[[], Any] | None = None
 
         r = self.prom_registry = CollectorRegistry()
         self.m_steps = PCounter("swarm_trainer_steps", "optimizer steps taken", registry=r)
@@ -156,6 +161,16 @@ class RunStats:
                                     ["node"], registry=r)
         self.m_node_age = Gauge("swarm_node_heartbeat_age_seconds", "seconds since the node was last heard",
                                 ["node"], registry=r)
+        self.m_probation = Gauge("swarm_probation_keys", "keys on probation: all, and those with nobody to be "
+                                 "paired with (their work waits)", ["waiting"], registry=r)
+        self.m_waiting_groups = Gauge("swarm_probation_waiting_groups", "groups in quarantine of keys with "
+                                      "nobody to be paired with", registry=r)
+        self.m_release_unpaired = Gauge("swarm_release_unpaired", "1 while guard.release_unpaired is on: keys "
+                                        "with no reference are released unchecked for cherry-picking", registry=r)
+        self.m_reference_groups = Gauge("swarm_reference_groups", "groups the trainer sampled itself as the "
+                                        "paired test's reference (guard.reference)", registry=r)
+        self.m_silent = Gauge("swarm_silent_keys", "registered keys, silent, never accepted (not listed)",
+                              registry=r)
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -196,6 +211,16 @@ class RunStats:
             rec.refused[reason] += 1
         self.m_refused.labels(rec.name if rec else "unknown", reason).inc()
 
+    def forget(self, rec: NodeRecord | None) -> None:
+        """A forgotten key's per-node gauges go (its counters stay: they are the run's history)."""
+        if rec is None or any(r.name == rec.name for r in self.registry.nodes.values()):
+            return
+        for gauge in (self.m_node_tps, self.m_node_version, self.m_node_age):
+            try:
+                gauge.remove(rec.name)
+            except KeyError:
+                pass
+
     def audited(self, seconds: float) -> None:
         self.audits += 1
         self.audit_seconds += seconds
@@ -208,7 +233,8 @@ class RunStats:
         """Record the cumulative counts now (called once a second by the web view)."""
         s = ThroughputSample(time.time() if now is None else now, self.tokens, self.accepted_groups,
                              {n.node_id: (n.accepted_tokens, n.accepted_groups)
-                              for n in self.registry.nodes.values()})
+                              for n in self.registry.nodes.values()
+                              if n.accepted_groups or self.registry.state(n) != "gone"})  # not the silent keys
         self.history.append(s)
         return s
 
@@ -243,10 +269,14 @@ class RunStats:
         nodes, states = [], Counter()
         tree = self.tree()
         peers = {p.get("key"): p for p in (msgspec.to_builtins(tree) or {}).get("peers", []) if p.get("key")}
+        silent = 0
         for rec in self.registry.nodes.values():
-            peer = peers.get(rec.node_id, {})
             state = self.registry.state(rec)
             states[state] += 1
+            if state == "gone" and rec.accepted_groups == 0:
+                silent += 1  # a key that registered and went quiet: counted, not listed
+                continue
+            peer = peers.get(rec.node_id, {})
             tok, grp = last[2].get(rec.node_id, (0.0, 0.0))
             nodes.append(NodeRow(rec.node_id, rec.name, state, rec.version_loaded, round3(tok), round3(grp),
                                  round(rec.tokens_per_s, 1), rec.accepted_groups, round3(rec.accepted_groups / total),
@@ -257,12 +287,20 @@ class RunStats:
             self.m_node_age.labels(rec.name).set(round(now - rec.last_seen, 2))
         for st in ("healthy", "slow", "gone", "banned"):
             self.m_nodes.labels(st).set(states[st])
+        self.m_silent.set(silent)
+        pairing = self.pairing_provider() if self.pairing_provider is not None else None
+        if pairing is not None:
+            self.m_probation.labels("all").set(pairing.on_probation)
+            self.m_probation.labels("unpaired").set(pairing.waiting_keys)
+            self.m_waiting_groups.set(pairing.waiting_groups)
+            self.m_release_unpaired.set(int(pairing.release_unpaired))
+            self.m_reference_groups.set(pairing.reference_groups)
         return dict(time=time.time(), step=self.step, max_steps=self.max_steps, version=self.version,
                     elapsed_s=round(self.elapsed(), 2), done=self.done, accepted_groups=self.accepted_groups,
                     trained_groups=self.trained_groups, tokens_generated=self.tokens, tokens_per_s=round3(last[0]),
                     rollouts_per_s=round3(last[1]), refused=dict(self.refused), dropped=dict(self.dropped),
                     lag_counts={str(k): v for k, v in sorted(self.lag_counts.items())}, nodes=nodes,
-                    tree=tree)
+                    tree=tree, pairing=pairing, silent_keys=silent)
 
     def overview(self, window_s: float = RATE_WINDOW_S) -> Overview:
         return Overview(**self._figures(window_s))

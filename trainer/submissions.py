@@ -35,6 +35,7 @@ class Outcome:
     result: P.SubmissionResult
     fraud: str | None  # the fraud that refused the submission, if any
     accepted: int
+    quarantined: list[Group]  # accepted groups of a key on probation, waiting for its verdict
 
 
 class Intake:
@@ -75,7 +76,7 @@ class Intake:
             groups.append(score_group(self.task, held, r.samples, sub.version, sub.node_id,
                                       lambda ids: self.tok.decode(ids, skip_special_tokens=True), self.limits))
         for g in groups:
-            self.guard.pairs.add(g.item.id, g.node_id, sum(g.rewards) / len(g.rewards))
+            self.guard.pairs.add(g.item.id, g.node_id, g.version, g.rewards)
         on_probation = self.probation.holds(sub.node_id)
         if groups and not on_probation and self.guard.cherry_picking(sub.node_id):
             fraud = "cherry_picking"
@@ -94,7 +95,8 @@ class Intake:
             log.warning("node %s: refused %d of %d rollouts (%s)", rec.name, len(refused), len(sub.rollouts),
                         ", ".join(sorted(set(refused.values()))))
         accepted = [g.assignment_id for g in groups]
-        return Outcome(P.SubmissionResult(accepted=accepted, refused=refused), fraud, len(groups))
+        return Outcome(P.SubmissionResult(accepted=accepted, refused=refused), fraud, len(groups),
+                       groups if on_probation else [])
 
     def _check(self, sub: P.RolloutSubmission) -> tuple[dict[str, str | None], dict[str, Held]]:
         """The structural checks; every assignment answered is taken off the held list, well or not."""
@@ -139,6 +141,14 @@ class Intake:
                             res.max_diff, res.worst_logprob, res.worst_tail)
                 verdicts[r.assignment_id] = res.reason
                 break
+
+    def rewards_of(self, group: Group, completions: list[list[int]]) -> list[float]:
+        """The rewards of other completions of `group`'s prompt (the trainer's reference samples), scored
+        as a node's are."""
+        eos = self.limits.eos_id
+        return [self.task.score(group.item, self.tok.decode(c[:-1] if c and c[-1] == eos else c,
+                                                            skip_special_tokens=True)).reward
+                for c in completions]
 
     def to_buffer(self, groups: list[Group]) -> None:
         """Accepted groups join the learner's buffer. With dynamic sampling (DAPO), a group whose samples

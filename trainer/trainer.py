@@ -37,6 +37,7 @@ from trainer.intake import Group
 from trainer.learner import evaluate, make_learner
 from trainer.ledger import Ledger
 from trainer.model_prep import prepare_base_model
+from trainer.newcomers import warn_about_strangers
 from trainer.node_registry import NodeRegistry
 from trainer.node_service import NodeService
 from trainer.policy import load_model, load_tokenizer
@@ -100,6 +101,7 @@ class Trainer:
         log.info("trainer key fingerprint %s (nodes pin it with --trainer-key %s)", key.fingerprint,
                  self.run_dir / "trainer.pub")
         self.guard = Guard(self.run_dir, cfg.guard)
+        warn_about_strangers(cfg, self.guard)
         self.auditor = self._make_auditor()
         # What nodes get: the trainer's fp32 weights cast to model.publish_dtype. The audit recomputes with them.
         weights = await asyncio.to_thread(self.learner.full_state, self.publish_dtype)

@@ -15,6 +15,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from rewards.base import TaskItem
 from swarm_common import protocol as P
@@ -22,19 +23,29 @@ from trainer.checkpoint import restore_rng, rng_state
 from trainer.intake import Held
 
 
+@dataclass(frozen=True)
+class Shared:
+    """A prompt handed to one node that a second node should answer too (the paired reward test)."""
+
+    item: TaskItem
+    first: str  # the node that has it
+    version: int  # the announced version when it was handed out: its answer is sampled at about that
+
+
 class WorkHandout:
     def __init__(self, items: Iterator[TaskItem], encode: Callable[[str], list[int]], sampling: P.SamplingSpec,
                  *, inflight_groups: int, max_lag: int, work_lag: int, max_held: int, duplicate_share: float,
-                 probation_groups: int, assignment_timeout_s: float, seed: int,
+                 probation_groups: int, assignment_timeout_s: float, seed: int, pair_window: int = 2,
                  established: Callable[[str], bool] = lambda node_id: True):
         self.items, self.encode, self.sampling = items, encode, sampling
         self.established = established  # keys that passed probation (or are trusted)
         self.inflight_groups, self.max_lag, self.work_lag = inflight_groups, max_lag, work_lag
         self.max_held, self.duplicate_share = max_held, duplicate_share
         self.probation_groups, self.assignment_timeout_s = probation_groups, assignment_timeout_s
+        self.pair_window = pair_window  # the paired test compares answers at most this many versions apart
         self.rng = random.Random(seed + 17)
         self.retry: collections.deque[TaskItem] = collections.deque()  # prompts whose work expired
-        self.dups: collections.deque[tuple[TaskItem, str]] = collections.deque()  # (prompt, first node)
+        self.dups: collections.deque[Shared] = collections.deque()  # prompts for a second node, oldest first
         self.held: dict[str, Held] = {}
         self.expired: collections.OrderedDict[str, None] = collections.OrderedDict()  # recently expired ids
         self.items_drawn = 0
@@ -120,12 +131,15 @@ class WorkHandout:
     def _next_item(self, node_id: str, on_probation: bool) -> TaskItem:
         # A prompt another node already has comes first: the paired reward test needs shared prompts, and a
         # node on probation waits for them. Two keys that are not established never share one: a pair of
-        # new keys could be one cheater's, and would vouch for each other.
+        # new keys could be one cheater's, and would vouch for each other. The newest first: the test
+        # compares answers of close policy versions only, so one handed out too long ago pairs with nothing.
+        self._drop_unpairable()
         mine_trusted = self.established(node_id)
-        for i, (item, first) in enumerate(self.dups):
-            if first != node_id and (mine_trusted or self.established(first)):
+        for i in range(len(self.dups) - 1, -1, -1):
+            d = self.dups[i]
+            if d.first != node_id and (mine_trusted or self.established(d.first)):
                 del self.dups[i]
-                return item
+                return d.item
         if self.retry:
             item = self.retry.popleft()
         else:
@@ -133,10 +147,17 @@ class WorkHandout:
             item = next(self.items)
         # Every prompt of a node on probation is shared; an established node's now and then.
         if on_probation or self.rng.random() < self.duplicate_share:
-            self.dups.append((item, node_id))
+            self.dups.append(Shared(item, node_id, self.version))
             while len(self.dups) > 4 * max(64, self.probation_groups):
                 self.dups.popleft()
         return item
+
+    def _drop_unpairable(self) -> None:
+        """Shared prompts handed out at a version more than pair_window below the oldest policy new work
+        may use: any answer now would be too far from the first one's to compare."""
+        oldest = self.floor() - self.pair_window
+        while self.dups and self.dups[0].version < oldest:
+            self.dups.popleft()
 
     # ---- answers and expiry ---------------------------------------------------------------------------
 

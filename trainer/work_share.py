@@ -58,3 +58,6 @@ class WorkShare:
             ks.paused_until = time.monotonic() + self.cfg.pause_s
             return "pause"
         return None
+
+    def forget(self, node_id: str) -> None:
+        self.keys.pop(node_id, None)

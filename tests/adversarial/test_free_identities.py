@@ -172,7 +172,7 @@ def test_new_keys_are_paired_only_with_established_ones(tmp_path):
             assert not items_a & items_b
             for c, w in ((ca, wa), (cb, wb)):
                 assert len((await _submit(c, w)).accepted) == 2
-            srv._review_probation()
+            srv.newcomers.review()
             assert srv.probation.holds(ca.kp.public_hex) and srv.probation.holds(cb.kp.public_hex)
             assert len(srv.probation.quarantine) == 4 and len(srv.buffer) == 0
 

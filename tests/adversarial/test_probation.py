@@ -1,32 +1,45 @@
 """Probation verdicts of trainer/guard.py and their effect in trainer/probation.py (no processes): release
 on a clean paired test, catch on an excess, release a node that is alone once it delivered its audited
-groups, never before."""
+groups, never before. The paired test itself (trainer/pairing.py): like with like, references only."""
 
 from __future__ import annotations
 
 import random
 
-from trainer.guard import Guard, GuardConfig
+from trainer.guard import REFERENCE, Guard, GuardConfig
+from trainer.pairing import PairedRewards
 from trainer.probation import Probation
+
+G = 8
 
 
 def _guard(tmp_path) -> Guard:
-    return Guard(tmp_path, GuardConfig(pair_z=4.0, pair_min=12))
+    g = Guard(tmp_path, GuardConfig(pair_z=4.0, pair_min=12))
+    g.established.add("old")
+    return g
+
+
+def _group(rng: random.Random, p: float, k: int = 1) -> list[float]:
+    """G rewards of 1 or 0 with chance p each; with k > 1 the best G of k*G (a cherry-picker's)."""
+    draws = sorted((1.0 if rng.random() < p else 0.0 for _ in range(k * G)), reverse=True)
+    return draws[:G]
+
+
+def _share(g: Guard, item: str, old: list[float], new: list[float], v_old: int = 0, v_new: int = 0,
+           node: str = "new") -> None:
+    g.pairs.add(item, "old", v_old, old)
+    g.pairs.add(item, node, v_new, new)
 
 
 def test_honest_pairs_release(tmp_path):
     g = _guard(tmp_path)
     prob = Probation(g, probation_groups=16)
     prob.begin("new")
-    rng = random.Random(0)
-    for i in range(11):
-        p = rng.random()
-        g.pairs.add(f"i{i}", "old", p + rng.gauss(0, 0.1))
-        g.pairs.add(f"i{i}", "new", p + rng.gauss(0, 0.1))
+    for i in range(11):  # alike, each with some spread: no excess
+        _share(g, f"i{i}", [1.0, 0.0] * 4, [0.0, 1.0] * 4)
         assert g.probation_verdict("new", 16, has_partner=True) is None  # not enough shared prompts yet
-    g.pairs.add("i11", "old", 0.5)
-    g.pairs.add("i11", "new", 0.5)
-    assert g.probation_verdict("new", 16, has_partner=True) == "released"
+    _share(g, "i11", [1.0, 0.0] * 4, [1.0, 0.0] * 4)
+    assert g.pairs.n["new"] == 12 and g.probation_verdict("new", 16, has_partner=True) == "released"
     review = prob.review(oldest=0, has_partner=lambda n: True)
     assert list(review.released) == ["new"] and not review.caught
     assert not prob.holds("new") and "new" in g.established
@@ -38,13 +51,31 @@ def test_honest_pairs_release(tmp_path):
     assert "new" in again.guard.established and not again.holds("new") and again.holds("other")
 
 
+def test_groups_alike_and_all_alike_are_no_evidence(tmp_path):
+    """Both groups all right (a prompt the policy has mastered) says nothing about cherry-picking: such
+    pairs do not count toward pair_min, so a key is not released on prompts that could not catch it."""
+    g = _guard(tmp_path)
+    for i in range(40):
+        _share(g, f"i{i}", [1.0] * G, [1.0] * G)
+    assert g.pairs.n["new"] == 0 and g.probation_verdict("new", 16, has_partner=True) is None
+    # ... until so many are alike that waiting would never end (there, picking the best changes nothing).
+    for i in range(40, 4 * 12):
+        _share(g, f"i{i}", [1.0] * G, [1.0] * G)
+    assert g.probation_verdict("new", 16, has_partner=True) == "released"
+    # A cherry-picker winning the few prompts that tell is not released for the many that do not.
+    h = _guard(tmp_path / "h")
+    for i in range(60):
+        _share(h, f"i{i}", [1.0] * G if i % 10 else [1.0] * 7 + [0.0], [1.0] * G)
+    assert h.pairs.n["new"] == 6 and h.probation_verdict("new", 16, has_partner=True) is None
+
+
 def test_reward_excess_is_caught(tmp_path):
     g = _guard(tmp_path)
     rng = random.Random(1)
-    for i in range(12):
-        p = rng.uniform(0.2, 0.6)
-        g.pairs.add(f"i{i}", "old", p + rng.gauss(0, 0.05))
-        g.pairs.add(f"i{i}", "new", p + 0.3 + rng.gauss(0, 0.05))
+    for i in range(40):  # best-of-4 at p = 0.5
+        _share(g, f"i{i}", _group(rng, 0.5), _group(rng, 0.5, k=4))
+        if g.probation_verdict("new", 16, has_partner=True):
+            break
     assert g.probation_verdict("new", 16, has_partner=True) == "cherry_picking"
 
 
@@ -61,15 +92,16 @@ def test_alone_stays_on_probation_unless_the_operator_allows(tmp_path):
 
 def test_a_middling_excess_keeps_probation_going(tmp_path):
     g = _guard(tmp_path)
+    old, up, down = [1.0, 0.0] * 4, [1.0] * 5 + [0.0] * 3, [1.0] * 4 + [0.0] * 4
     for i in range(12):  # a small, noisy excess: 1 < z < 4
-        g.pairs.add(f"i{i}", "old", 0.5)
-        g.pairs.add(f"i{i}", "new", 0.5 + (0.15 if i % 2 else -0.05))
+        _share(g, f"i{i}", old, up if i % 3 else down)
     n, z = g.pairs.z("new")
-    assert n == 12 and 1.0 < z < 4.0
+    assert n == 12 and 1.0 < z < 4.0, z
     assert g.probation_verdict("new", 16, has_partner=True) is None
-    for i in range(12, 100):  # the same excess over more prompts: convicted (z ~ 5)
-        g.pairs.add(f"i{i}", "old", 0.5)
-        g.pairs.add(f"i{i}", "new", 0.5 + (0.15 if i % 2 else -0.05))
+    for i in range(12, 400):  # the same excess over more prompts: convicted (z grows as sqrt(n))
+        _share(g, f"i{i}", old, up if i % 3 else down)
+        if g.probation_verdict("new", 16, has_partner=True):
+            break
     assert g.probation_verdict("new", 16, has_partner=True) == "cherry_picking"
 
 
@@ -89,25 +121,50 @@ def test_release_bar_rises_with_evidence(tmp_path):
     """An honest node that drew z 1.3 at pair_min is released once more prompts raise the bar past it;
     a steady excess of 0.5 sd per prompt is caught, never released, as prompts accumulate."""
     g = _guard(tmp_path)
+    old, up, down = [1.0, 0.0] * 4, [1.0] * 5 + [0.0] * 3, [1.0] * 4 + [0.0] * 4
     for i in range(12):
-        g.pairs.add(f"i{i}", "old", 0.0)
-        g.pairs.add(f"i{i}", "new", 0.3 if i % 3 else -0.1)
+        _share(g, f"i{i}", old, up if i % 3 else down)
     n, z = g.pairs.z("new")
     assert n == 12 and 1.0 < z < 4.0
     assert g.probation_verdict("new", 16, has_partner=True) is None  # not clean enough yet
-    for i in range(12, 60):
-        g.pairs.add(f"i{i}", "old", 0.0)
-        g.pairs.add(f"i{i}", "new", 0.3 if i % 2 else -0.3)
+    for i in range(12, 60):  # no excess from here on
+        _share(g, f"i{i}", old, up if i % 2 else [1.0] * 3 + [0.0] * 5)
+        if g.probation_verdict("new", 16, has_partner=True):
+            break
     assert g.probation_verdict("new", 16, has_partner=True) == "released"
 
-    h = Guard(tmp_path / "h", GuardConfig(pair_z=4.0, pair_min=12))
+    h = _guard(tmp_path / "h")
     rng = random.Random(3)
     verdicts = []
-    for i in range(200):
-        h.pairs.add(f"i{i}", "old", 0.0)
-        h.pairs.add(f"i{i}", "cheat", rng.gauss(0.5, 1.0))
+    for i in range(200):  # best-of-2 on a task the policy gets right 80% of the time: a small excess
+        _share(h, f"i{i}", _group(rng, 0.8), _group(rng, 0.8, k=2), node="cheat")
         v = h.probation_verdict("cheat", 16, has_partner=True)
         verdicts.append(v)
         if v:
             break
     assert "released" not in verdicts and verdicts[-1] == "cherry_picking"
+
+
+def test_answers_of_distant_versions_are_not_compared(tmp_path):
+    """The policy improves: today's answer beats one of 300 versions ago without any cheating. Only
+    answers within pair_window versions of each other are compared; fresh keys' answers count for nothing,
+    also against an established node (a fresh key's bad answers must not frame it)."""
+    g = _guard(tmp_path)
+    for i in range(30):
+        _share(g, f"old{i}", [0.0] * 6 + [1.0] * 2, [1.0] * 7 + [0.0], v_old=10, v_new=310)
+    assert g.pairs.n["new"] == 0
+    for i in range(30):
+        _share(g, f"near{i}", [1.0, 0.0] * 4, [1.0, 0.0] * 4, v_old=308, v_new=310)
+    assert g.pairs.n["new"] == 30
+    assert g.pairs.n["old"] == 0  # "new" is no reference: nothing it answered counts against "old"
+    g.pairs.add("x", REFERENCE, 310, [1.0, 0.0] * 4)  # the trainer's own samples are a reference
+    g.pairs.add("x", "new", 311, [0.0, 1.0] * 4)
+    assert g.pairs.n["new"] == 31
+
+
+def test_old_answers_are_forgotten():
+    p = PairedRewards(window=2)
+    for v in range(100):
+        p.add(f"i{v}", "a", v, [1.0, 0.0])
+    p.forget_before(90)
+    assert sorted(p.by_item) == [f"i{v}" for v in range(90, 100)]

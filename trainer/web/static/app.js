@@ -229,9 +229,26 @@ function drawHeadline() {
   ].filter(Boolean).join(" · ");
 }
 
+// What the operator must know about newcomers: keys waiting with nobody to pair them with, and the lab
+// setting that releases them unchecked.
+function drawBanners() {
+  const pg = state.ov.pairing, out = [];
+  if (pg && pg.waiting_keys > 0) {
+    out.push(`<div class="banner" id="banner-unpaired"><b>${num(pg.waiting_keys)} node(s) on probation with nobody to pair them with:</b> ` +
+      `${num(pg.waiting_groups)} group(s) wait in quarantine and nothing of theirs trains. Give the run a reference of its own ` +
+      `(<code>swarm train --reference</code>), or run a node yourself and trust its key (<code>swarm train --trust KEY</code>).</div>`);
+  }
+  if (pg && pg.release_unpaired) {
+    out.push(`<div class="banner" id="banner-release-unpaired"><b>guard.release_unpaired is on:</b> nodes with no reference ` +
+      `to be paired with are released after their audited groups, unchecked for cherry-picking (a lab setting; ` +
+      `two colluding keys can release each other).</div>`);
+  }
+  $("banners").innerHTML = out.join("");
+}
+
 function drawAll() {
   if (!state.ov) return;
-  drawHeadline(); drawThroughput(); drawLearning(); drawLag(); drawSubmissions(); drawNodes(); drawTree();
+  drawBanners(); drawHeadline(); drawThroughput(); drawLearning(); drawLag(); drawSubmissions(); drawNodes(); drawTree();
 }
 
 // ---- data flow -----------------------------------------------------------------------------------
