@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 EXTRA   ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP   := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: install browser demo test bench vs-trl lint clean
+.PHONY: install browser netlab-tools demo test bench vs-trl lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,13 +24,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/swarm demo $(ARGS)
 
-test: $(STAMP) browser
+test: $(STAMP) browser netlab-tools
 	$(PY) -m pytest -q $(ARGS)
 
 # The web view's browser test drives Debian's chromium through Playwright (the dev extra); Playwright
 # never downloads a browser. CI runs as root; elsewhere install chromium once, as root.
 browser:
 	command -v chromium >/dev/null 2>&1 || { apt-get update && apt-get install -y chromium; }
+
+# The network lab's NAT and firewalled hosts (tests/netlab/lab.py) are made with Debian's nftables.
+netlab-tools:
+	command -v nft >/dev/null 2>&1 || { apt-get update && apt-get install -y nftables; }
 
 bench: $(STAMP)
 	$(PY) bench/node.py

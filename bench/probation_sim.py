@@ -9,16 +9,18 @@ a right answer at version v is sigmoid(a + b + slope * v / 100) (a: the prompt's
 a sample's reward is 1 or 0 with that chance (binary rewards: the lumpiest case for a z-test), and each
 node samples with the announced version or the one before (what `train.work_lag` = 1 allows).
 slope 1 climbs from 0.45 to 0.88 mean accuracy over about 300 versions, as the demo's run does
-(issue 27: step 388, held-out 0.88); --slope 3 learns three times as fast.
+(issue 27: step 388, held-out 0.88); slope 3 learns three times as fast.
 
-Per seed and kind, a newcomer joins at each of versions 20, 60, ..., 380 and stays until its verdict
-(released, or caught as cherry-picking) or 150 versions. Kinds, each in a run of its own: honest (G
+Per seed and kind, a newcomer joins at each of versions 20, 60, ..., 380 (divided by the slope: the joins
+meet the same accuracies, 0.48 to 0.94, at every slope, while the policy moves `slope` times as much per
+version) and stays until its verdict (released, or caught as cherry-picking) or 150 versions. Kinds, each in a run of its own: honest (G
 samples), best-of-2 and best-of-4 (they sample 2G or 4G and return the best G: honest log-probs, better
 rewards). A cheater's
 groups stay in quarantine until its verdict, so "caught before any group trains" means never released.
 
-Rows: the rule as it is, and "old rule" (the rule before issue 27: no version window, the oldest shared
-prompt first), which bans honest newcomers that join a run that has learned.
+Rows: the rule as it is, and "old rule" (the rule before issue 27, replayed here: no version window, the
+oldest shared prompt first, any partner, a t-statistic over 12 shared prompts, z > 4), which bans honest
+newcomers that join a run that has learned.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import random
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +44,7 @@ from trainer.guard import Guard, GuardConfig  # noqa: E402
 from trainer.work import Shared, WorkHandout  # noqa: E402
 
 G = 8
-JOIN_AT = tuple(range(20, 400, 40))  # one newcomer joins at each
+JOIN_AT = tuple(range(20, 400, 40))  # one newcomer joins at each (divided by the slope)
 PATIENCE = 150  # versions a newcomer may stay undecided
 E_PER_VERSION = 14  # groups the established node answers per version
 N_PER_VERSION = 2  # groups a newcomer answers per version (a new key holds guard.new_key_held = 2)
@@ -66,6 +68,37 @@ class OldHandout(WorkHandout):
         return item
 
 
+class OldPairedRewards:
+    """The paired test before issue 27, for the baseline row: mean rewards compared at any versions and
+    with any other node, z from the spread of the differences (a t-statistic)."""
+
+    def __init__(self):
+        self.by_item: dict[str, dict[str, float]] = defaultdict(dict)
+        self.n, self.s, self.ss = Counter(), Counter(), Counter()
+        self.compared = self.n
+
+    def add(self, item_id: str, node_id: str, version: int, rewards: list[float]) -> None:
+        mean = sum(rewards) / len(rewards)
+        for other, r in self.by_item[item_id].items():
+            if other != node_id:
+                for a, d in ((node_id, mean - r), (other, r - mean)):
+                    self.n[a] += 1
+                    self.s[a] += d
+                    self.ss[a] += d * d
+        self.by_item[item_id][node_id] = mean
+
+    def forget_before(self, version: int) -> None:
+        pass
+
+    def z(self, node_id: str) -> tuple[int, float]:
+        n = self.n[node_id]
+        if n < 2:
+            return n, 0.0
+        mean = self.s[node_id] / n
+        var = max((self.ss[node_id] - n * mean * mean) / (n - 1), 1e-4)
+        return n, mean / math.sqrt(var / n)
+
+
 def items(rng: random.Random):
     i = 0
     while True:
@@ -85,10 +118,13 @@ def group(rng: random.Random, p: float, k: int) -> list[float]:
 
 def simulate(seed: int, kind: str, slope: float, window: int, old_rule: bool = False) -> Counter:
     rng = random.Random(seed)
-    cfg = GuardConfig(pair_window=window)
+    # The old rule had its own thresholds too: 12 shared prompts, z > 4.
+    cfg = GuardConfig(pair_window=window, pair_min=12, pair_z=4.0) if old_rule else GuardConfig(pair_window=window)
     with tempfile.TemporaryDirectory() as run_dir:
         guard = Guard(run_dir, cfg)
     guard.established.add("E")
+    if old_rule:
+        guard.pairs = OldPairedRewards()
     handout_cls = OldHandout if old_rule else WorkHandout
     work = handout_cls(items(random.Random(seed + 1)), lambda text: [1], P.SamplingSpec(n=G, max_tokens=1, temperature=1.0, top_p=1.0),
                        inflight_groups=10**6, max_lag=2, work_lag=1, max_held=10**6,
@@ -98,9 +134,10 @@ def simulate(seed: int, kind: str, slope: float, window: int, old_rule: bool = F
     weights = P.WeightsInfo(version=0, manifest_url="")
     out: Counter = Counter()
     newcomers: dict[str, tuple[str, int]] = {}  # id -> (kind, joined at)
-    for v in range(max(JOIN_AT) + PATIENCE + 1):
+    join_at = {round(v / slope) for v in JOIN_AT}
+    for v in range(max(join_at) + PATIENCE + 1):
         work.start_at(v)
-        if v in JOIN_AT:
+        if v in join_at:
             newcomers[f"{kind}-{v}"] = (kind, v)
         nodes = [("E", E_PER_VERSION, 1)] + [(n, N_PER_VERSION, KINDS[k]) for n, (k, _) in newcomers.items()]
         rng.shuffle(nodes)

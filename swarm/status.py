@@ -53,6 +53,13 @@ def render(v: dict) -> str:
     state = "finished" if ov["done"] else "running"
     lines.append(f"trainer: {state}, step {ov['step']}/{ov['max_steps']}, policy v{ov['version']}, "
                  f"RL time {_dur(ov['elapsed_s'])}")
+    pg = ov.get("pairing") or {}
+    if pg.get("waiting_keys"):
+        lines.append(f"WAITING: {pg['waiting_keys']} node(s) on probation with nobody to pair them with; "
+                     f"{pg['waiting_groups']} group(s) wait in quarantine. Fix: swarm train --reference, or "
+                     "--trust KEY of a node you run")
+    if pg.get("release_unpaired"):
+        lines.append("NOTE: guard.release_unpaired is on: nodes with no reference are released unchecked")
     lines.append(f"throughput: {ov['tokens_per_s']:.0f} tokens/s, {ov['rollouts_per_s']:.2f} rollouts/s "
                  f"(accepted, last {tp['window_s']:g} s)")
     if tp["tokens_per_s"]:
@@ -71,12 +78,12 @@ def render(v: dict) -> str:
     lines.append(f"refused: {_counts(ov['refused'])}")
     lines.append(f"dropped after acceptance: {_counts(ov['dropped'])}")
     lines.append("")
-    hdr = f"{'node':<12} {'id':<12} {'state':<8} {'version':>7} {'tok/s':>7} {'roll/s':>7} {'share':>6} " \
+    hdr = f"{'node':<12} {'id':<12} {'state':<8} {'standing':<11} {'version':>7} {'tok/s':>7} {'roll/s':>7} {'share':>6} " \
           f"{'heartbeat':>9} {'relay':<10} refused"
     lines.append(hdr)
     for n in v["overview"]["nodes"]:
         ver = f"v{n['version_loaded']}" if n["version_loaded"] >= 0 else "-"
-        lines.append(f"{n['name'][:12]:<12} {n['node_id'][:12]:<12} {n['state']:<8} {ver:>7} "
+        lines.append(f"{n['name'][:12]:<12} {n['node_id'][:12]:<12} {n['state']:<8} {n.get('standing', ''):<11} {ver:>7} "
                      f"{n['tokens_per_s']:>7.0f} {n['rollouts_per_s']:>7.2f} {100 * n['share']:>5.1f}% "
                      f"{n['last_heartbeat_age_s']:>7.1f}s  {_relay(n):<10} {_counts(n['refused'])}")
     if not ov["nodes"]:

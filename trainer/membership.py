@@ -52,9 +52,11 @@ class Membership:
             return refusal
         if not self.guard.fresh_register(msg.node_id, msg.time_ms):
             return P.Error(code="stale_register", message="registration older than the last one, or clock off")
-        self.registry.register(msg.node_id, msg.name, msg.status_url)
+        rec = self.registry.register(msg.node_id, msg.name, msg.status_url)
         self.idents[msg.node_id] = ident
         self.probation.begin(msg.node_id)
+        rec.standing = ("trusted" if msg.node_id in self.guard.cfg.trusted else "established" if established
+                        else "probation" if self.probation.holds(msg.node_id) else "open")
         log.info("node %s registered (%s)", msg.name, msg.node_id[:12])
         return P.Registered(node_id=msg.node_id, weights=self.weights_info(), sampling=self.sampling,
                             heartbeat_s=self.cfg.server.heartbeat_s, max_lag=self.cfg.train.max_lag,

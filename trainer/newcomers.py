@@ -132,6 +132,8 @@ class Newcomers:
         for node_id, groups in review.released.items():
             self.release(groups)
             self.standing(node_id)
+            if (rec := self.registry.get(node_id)) is not None:
+                rec.standing = "established"
             n, z = self.guard.pairs.z(node_id)
             log.info("node %s passed probation (%d shared prompts, z %.2f): %d groups released",
                      node_id[:12], n, z, len(groups))

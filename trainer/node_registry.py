@@ -18,6 +18,9 @@ class NodeRecord:
     accepted_groups: int = 0
     accepted_tokens: int = 0
     refused: Counter = field(default_factory=Counter)
+    # Where the key stands with the trainer: "trusted" (guard.trusted), "established" (passed probation),
+    # "probation" (its groups wait for the paired test), or "open" (probation off: guard.probation_groups 0).
+    standing: str = "probation"
 
 
 class NodeRegistry:

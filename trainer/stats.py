@@ -33,6 +33,7 @@ class NodeRow(msgspec.Struct):
     status_url: str
     relay_url: str = ""  # where its relay serves the tree ("": no relay, or not in the tree)
     relay_reachable: bool | None = None  # the tracker's connect-back check; False: a download-only leaf
+    standing: str = ""  # trusted, established, probation or open (trainer/node_registry.py)
 
 
 class StepRow(msgspec.Struct):
@@ -281,7 +282,7 @@ class RunStats:
             nodes.append(NodeRow(rec.node_id, rec.name, state, rec.version_loaded, round3(tok), round3(grp),
                                  round(rec.tokens_per_s, 1), rec.accepted_groups, round3(rec.accepted_groups / total),
                                  dict(rec.refused), round(now - rec.last_seen, 2), rec.status_url,
-                                 peer.get("url") or "", peer.get("reachable")))
+                                 peer.get("url") or "", peer.get("reachable"), rec.standing))
             self.m_node_tps.labels(rec.name).set(round3(tok))
             self.m_node_version.labels(rec.name).set(rec.version_loaded)
             self.m_node_age.labels(rec.name).set(round(now - rec.last_seen, 2))

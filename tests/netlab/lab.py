@@ -191,6 +191,45 @@ class Lab:
         self.shape(h, up=up, down=down)
         return h
 
+    def add_natted_host(self, name: str, up: str | float | None = None) -> Host:
+        """A host behind a home router: a gateway namespace NAME-gw with one leg on the bridge (the address
+        everyone else sees) and a private /24 inside, where this host sits with a default route through it;
+        nftables masquerades what leaves. It reaches everyone, nobody can open a connection to it. `up`
+        shapes its uplink (the gateway's bridge leg, which carries all it sends)."""
+        gw = self.add_host(f"{name}-gw", up=up)
+        lan = f"192.168.{len(self.hosts) % 250 + 1}"
+        h = Host(name, f"{self.tag}-{name}", f"{lan}.2", gw.veth)
+        self.hosts[name] = h
+        inner = f"{self.tag}n{len(self.hosts)}"
+        _ip("netns", "add", h.ns)
+        _ip("link", "add", inner, "type", "veth", "peer", "name", h.dev, "netns", h.ns)
+        _ip("link", "set", inner, "netns", gw.ns)
+        _ip("-n", gw.ns, "link", "set", inner, "name", "lan0")
+        _ip("-n", gw.ns, "addr", "add", f"{lan}.1/24", "dev", "lan0")
+        _ip("-n", gw.ns, "link", "set", "lan0", "up")
+        _ip("-n", h.ns, "addr", "add", f"{h.ip}/24", "dev", h.dev)
+        _ip("-n", h.ns, "link", "set", "lo", "up")
+        _ip("-n", h.ns, "link", "set", h.dev, "up")
+        _ip("-n", h.ns, "route", "add", "default", "via", f"{lan}.1")
+        self.run(gw, ["sysctl", "-qw", "net.ipv4.ip_forward=1"]).check_returncode()
+        self._nft(gw, "table ip nat {\n chain pre {\n  type nat hook prerouting priority -100;\n }\n"
+                      " chain post {\n  type nat hook postrouting priority 100;\n  oifname \"eth0\" masquerade\n"
+                      " }\n}\n")
+        return h
+
+    def firewall_inbound(self, h: Host | str) -> None:
+        """Drop every connection attempt to host `h` (a TCP SYN without ACK), as most home links do:
+        connections it opens still work; one to it times out instead of being refused."""
+        self._nft(self._host(h), "table inet fw {\n chain input {\n  type filter hook input priority 0;\n"
+                                 "  iifname \"eth0\" tcp flags & (syn | ack) == syn drop\n }\n}\n")
+
+    def _nft(self, h: Host, rules: str) -> None:
+        if shutil.which("nft") is None:
+            raise LabError("NAT and firewalls in the lab need nftables's `nft` (apt-get install -y nftables)")
+        r = self.run(h, ["nft", "-f", "-"], input=rules)
+        if r.returncode != 0:
+            raise LabError(f"nft in {h.name}: {r.stderr.strip()}")
+
     def shape(self, h: Host, up: str | float | None = None, down: str | float | None = None) -> None:
         """tbf on the namespace's side shapes what the host sends (its uplink); on the bridge side, what
         it receives (its downlink). None leaves that direction at veth speed."""

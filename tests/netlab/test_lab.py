@@ -52,6 +52,30 @@ def test_hosts_reach_each_other_by_address_not_loopback(netlab, tmp_path):
     assert r.returncode != 0
 
 
+def test_a_natted_host_and_a_firewalled_host_reach_out_but_cannot_be_reached(netlab, tmp_path):
+    """Behind a NAT (nftables masquerade in a gateway namespace) a host reaches others, who see the gateway's
+    address and cannot connect back; a firewall that drops inbound SYNs lets out what the host opens."""
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "hello.txt").write_text("hello")
+    srv, natted, shut = netlab.add_host("srv"), netlab.add_natted_host("home"), netlab.add_host("shut")
+    netlab.firewall_inbound(shut)
+    gw = netlab.hosts["home-gw"]
+    assert natted.ip.startswith("192.168.") and gw.ip.startswith("10.213.")
+    serve(netlab, srv, srv.ip, 8000, tmp_path / "www")
+    for h in (natted, shut):
+        wait_curl(netlab, h, f"http://{srv.ip}:8000/hello.txt")  # they reach out
+        serve(netlab, h, "0.0.0.0", 8001, tmp_path / "www")
+    wait_curl(netlab, shut, "http://127.0.0.1:8001/hello.txt")
+    log = (netlab.log_dir / "srv-http-" f"{srv.ip}.log").read_text()
+    assert gw.ip in log and natted.ip not in log, "the server sees the gateway's address, not the host's"
+    for target in (f"http://{gw.ip}:8001/hello.txt", f"http://{natted.ip}:8001/hello.txt",
+                   f"http://{shut.ip}:8001/hello.txt"):
+        r = netlab.run(srv, ["curl", "-s", "-m", "3", target])
+        assert r.returncode in (7, 28), (target, r.returncode)  # refused or timed out: nobody gets in
+    r = netlab.run(srv, ["curl", "-s", "-m", "3", f"http://{shut.ip}:8001/hello.txt"])
+    assert r.returncode == 28, "a dropped SYN times out, as on a home link"
+
+
 @pytest.mark.parametrize("direction", ["up", "down"])
 def test_tbf_shapes_the_host_link(netlab, tmp_path, direction):
     """A host's uplink (tbf on its own side) or downlink (tbf on the bridge side) runs near its rate."""

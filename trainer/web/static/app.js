@@ -178,6 +178,7 @@ function drawNodes() {
       <td><span class="swatch" style="background:${color(n.node_id)}"></span>${esc(n.name)}</td>
       <td class="id" title="${esc(n.node_id)}">${esc(n.node_id.slice(0, 12))}</td>
       <td><span class="state ${esc(n.state)}">${esc(n.state)}</span></td>
+      <td title="probation: its groups wait in quarantine for the paired test">${esc(n.standing || "–")}</td>
       <td class="num">${n.version_loaded < 0 ? "–" : "v" + n.version_loaded}</td>
       <td class="num">${num(n.tokens_per_s)}</td><td class="num">${num(n.rollouts_per_s, 2)}</td>
       <td class="num">${num(n.reported_tokens_per_s)}</td><td class="num">${num(n.accepted_groups)}</td>
