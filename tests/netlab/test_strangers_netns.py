@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from swarm_common.keys import KeyPair
 from tests.conftest import wait_json
 
 pytestmark = pytest.mark.timeout(600)
@@ -37,6 +38,7 @@ def test_two_strangers_behind_nat_and_firewall_are_released_by_the_trainers_refe
         "--set", "server.web_port=-1", "--set", "train.checkpoint_every=0"], env=env, cwd=REPO, log="trainer")
     api = f"http://{trainer_host.ip}:5556/api/summary"
     wait_json(api, timeout=240, proc=trainer)
+    keys = {h.name: KeyPair.load_or_create(tmp_path / h.name / "node.key").public_hex for h in (natted, shut)}
     for h in (natted, shut):  # as the README says, and nothing else (a data dir of its own: they share a disk)
         netlab.popen(h, [*swarm, "node", "--trainer", f"{trainer_host.ip}:5555", "--data-dir", str(tmp_path / h.name)],
                      env=env, cwd=REPO, log=h.name)
@@ -47,8 +49,9 @@ def test_two_strangers_behind_nat_and_firewall_are_released_by_the_trainers_refe
     assert summary["step"] == STEPS
     evals = summary["evals"]
     assert evals[-1]["accuracy"] > evals[0]["accuracy"], evals  # it learns, from strangers' work alone
-    rows = {n["name"]: n for n in summary["nodes"]}
-    assert set(rows) == {"home", "shut"}, rows
+    by_key = {n["node_id"]: n for n in summary["nodes"]}
+    assert set(by_key) == set(keys.values()), by_key
+    rows = {name: by_key[key] for name, key in keys.items()}
     trained = {g[0] for line in (run_dir / "batches.jsonl").read_text().splitlines() if line.strip()
                for g in json.loads(line)["groups"]}
     gw = netlab.hosts["home-gw"]
