@@ -48,8 +48,11 @@ class NodeRegistry:
         return "healthy" if age <= 3 * self.heartbeat_s else "slow" if age <= self.gone_after_s else "gone"
 
     def gone(self) -> set[str]:
+        return self.silent_for(self.gone_after_s)
+
+    def silent_for(self, seconds: float) -> set[str]:
         now = time.monotonic()
-        return {n for n, r in self.nodes.items() if now - r.last_seen > self.gone_after_s}
+        return {n for n, r in self.nodes.items() if now - r.last_seen > seconds}
 
     def forget(self, node_id: str) -> NodeRecord | None:
         return self.nodes.pop(node_id, None)

@@ -292,7 +292,11 @@ class NodeService:
         reviewed too: a node may be left alone when its partners go."""
         while True:
             await asyncio.sleep(min(1.0, self.registry.gone_after_s / 4))
-            late = self.work.expire(self.registry.gone())
+            # A key that is not established loses its work sooner: silent for 3 heartbeats (a node heartbeats
+            # while it generates), not gone_after_s, so throwaway keys that take work and vanish do not hold
+            # the newcomers' share of it for long.
+            slow = self.registry.silent_for(3 * self.cfg.server.heartbeat_s)
+            late = self.work.expire(self.registry.gone() | {n for n in slow if not self.guard.is_established(n)})
             if late:
                 log.info("re-queued %d expired assignments (or held by gone nodes)", len(late))
             for node_id in {h.node_id for h in late}:  # one expiry event per node and sweep

@@ -177,3 +177,102 @@ def test_new_keys_are_paired_only_with_established_ones(tmp_path):
             assert len(srv.probation.quarantine) == 4 and len(srv.buffer) == 0
 
     asyncio.run(go())
+
+
+def test_unpaired_newcomers_are_said_where_the_operator_looks(tmp_path):
+    """With nobody to pair them with, keys on probation wait: the summary (and so the web view's banner and
+    /metrics) counts them and their groups, and a Hello from such a key is told so (`swarm doctor`). A live
+    trusted node ends it."""
+    from swarm.doctor import _probation
+
+    async def go():
+        own = KeyPair.generate()
+        async with running(tmp_path, trusted=[own.public_hex]) as run:
+            srv = run.srv
+            stranger = KeyPair.generate()
+            c, _ = await run.register(stranger)
+            assert len((await _submit(c, await _work(c, 2))).accepted) == 2
+            pg = srv.stats.summary().pairing
+            assert (pg.on_probation, pg.waiting_keys, pg.waiting_groups, pg.reference) == (1, 1, 2, False)
+            metrics = srv.stats.prom_registry.get_sample_value
+            assert metrics("swarm_probation_keys", {"waiting": "unpaired"}) == 1
+            await c.send(P.Hello(node_id=stranger.public_hex))
+            hello = await c.recv()
+            assert isinstance(hello, P.Welcome) and hello.standing == "probation" and hello.unpaired
+            check = _probation(hello, own_key=True)
+            assert check.ok is None and "--reference" in check.todo
+            await run.register(own)  # the operator's own node is live: newcomers can be paired now
+            assert srv.stats.summary().pairing.waiting_keys == 0
+            await c.send(P.Hello(node_id=stranger.public_hex))
+            hello = await c.recv()
+            assert not hello.unpaired and _probation(hello, own_key=True).ok
+            row = next(n for n in srv.stats.summary().nodes if n.node_id == stranger.public_hex)
+            assert row.standing == "probation"
+
+    asyncio.run(go())
+
+
+def test_late_or_stale_work_shrinks_the_share_like_an_expiry(tmp_path):
+    """A key whose answers always come too late holds less and less, then is paused: a refusal as
+    'stale' or 'late' counts toward the expiry streak (it used to reset it)."""
+
+    async def go():
+        async with running(tmp_path, release_unpaired=True, expiries_to_pause=2, pause_s=30.0,
+                           new_key_held=4) as run:
+            srv = run.srv
+            kp = KeyPair.generate()
+            c, _ = await run.register(kp)
+            for streak in (1, 2):
+                work = await _work(c, 4)
+                srv.work.version = srv.work.newest = 10  # the run moved on: these answers are stale
+                result = await _submit(c, work)
+                assert set(result.refused.values()) == {"stale"}, result
+                assert srv.share.keys[kp.public_hex].expired_in_row == streak
+                srv.work.version = srv.work.newest = 0
+            assert srv.share.allowance(kp.public_hex, False) == 0  # paused
+
+    asyncio.run(go())
+
+
+def test_silent_keys_are_forgotten_and_get_no_notices(tmp_path):
+    """A key that is not established, silent and holding nothing, is forgotten after guard.forget_after_s:
+    registry, share, message budget and evidence go, and it registers again if it returns. Version notices
+    go to live keys only."""
+
+    async def go():
+        own = KeyPair.generate()
+        async with running(tmp_path, trusted=[own.public_hex], forget_after_s=1.0) as run:
+            srv = run.srv
+            quiet, _ = await run.register(KeyPair.generate())
+            mine, _ = await run.register(own)
+            key = quiet.kp.public_hex
+            srv.registry.nodes[key].last_seen -= srv.registry.gone_after_s + 1  # silent since long ago
+            await srv.announce(1)
+            assert await quiet.recv(timeout=0.5, skip=()) is None  # no notice for a silent key
+            assert isinstance(await mine.recv(timeout=2.0, skip=()), P.VersionNotice)
+            assert srv.stats.summary().silent_keys == 1
+            assert key not in {n.node_id for n in srv.stats.summary().nodes}
+            await _until(lambda: key not in srv.registry.nodes, timeout=5.0)
+            assert key not in srv.idents and key not in srv.share.keys and key not in srv.guard.last_register_ms
+            assert own.public_hex in srv.registry.nodes  # trusted keys are never forgotten
+            await quiet.ask(1)
+            assert (await quiet.recv()).code == "unknown_node"
+            await quiet.send(P.Register(node_id=key, name="n", time_ms=int(time.time() * 1000)))
+            assert isinstance(await quiet.recv(), P.Registered)
+
+    asyncio.run(go())
+
+
+def test_registrations_are_budgeted_per_prefix_too(tmp_path):
+    from trainer.admission import Admission, address_prefix
+    from trainer.guard import GuardConfig
+
+    assert address_prefix("203.0.113.77") == "203.0.113.0/24"
+    assert address_prefix("2001:db8:1:2:3::9") == "2001:db8:1:2::/64"
+    assert address_prefix("::ffff:198.51.100.4") == "198.51.100.0/24"
+    assert address_prefix("not-an-address") is None
+    adm = Admission(tmp_path, GuardConfig(register_rate=0.0, register_burst=2, register_prefix_rate=0.0,
+                                          register_prefix_burst=5))
+    got = [adm.register_allowed(f"203.0.113.{i // 2}") for i in range(10)]  # 2 per address, 5 per /24
+    assert got == [True] * 5 + [False] * 5
+    assert adm.register_allowed("198.51.100.1")  # another /24 has its own budget
