@@ -35,6 +35,7 @@ import torch  # noqa: E402
 
 from rewards.registry import make_task  # noqa: E402
 from swarm_common import protocol as P  # noqa: E402
+from swarm_common.keys import KeyPair  # noqa: E402
 from tests.adversarial.attacks import ATTACKS, Ctx, item_from_prompt, reward_of  # noqa: E402
 from tests.adversarial.conftest import HONEST, MAX_LAG, MAX_MESSAGE_BYTES, REGISTER_BURST, swarm_args  # noqa: E402
 from tests.adversarial.evil_node import EvilNode, Sampler  # noqa: E402
@@ -169,7 +170,8 @@ def main() -> int:
     result: dict = {}
     try:
         t_start = time.monotonic()
-        trainer = procs.start("trainer", *swarm_args(run_dir, zport, hport, tport))
+        honest_key = KeyPair.load_or_create(root / "node" / "node.key").public_hex
+        trainer = procs.start("trainer", *swarm_args(run_dir, zport, hport, tport, honest_key))
         wait_json(url, timeout=300, proc=trainer)
         # The starting policy, for the power simulation (retention removes it from the run later on).
         shutil.copytree(run_dir / "versions" / "v000000", root / "start" / "versions" / "v000000")

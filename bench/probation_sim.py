@@ -55,9 +55,9 @@ class OldHandout(WorkHandout):
     """The hand-out before issue 27, for the baseline row: the oldest shared prompt first, none dropped."""
 
     def _next_item(self, node_id: str, on_probation: bool) -> TaskItem:
-        mine = self.established(node_id)
+        mine = self.is_reference(node_id)
         for i, d in enumerate(self.dups):
-            if d.first != node_id and (mine or self.established(d.first)):
+            if d.first != node_id and (mine or self.is_reference(d.first)):
                 del self.dups[i]
                 return d.item
         item = next(self.items)
@@ -130,7 +130,7 @@ def simulate(seed: int, kind: str, slope: float, window: int, old_rule: bool = F
                        inflight_groups=10**6, max_lag=2, work_lag=1, max_held=10**6,
                        duplicate_share=cfg.duplicate_share, probation_groups=cfg.probation_groups,
                        assignment_timeout_s=1e9, seed=seed, pair_window=window,
-                       established=guard.is_established)
+                       is_reference=guard.is_reference)
     weights = P.WeightsInfo(version=0, manifest_url="")
     out: Counter = Counter()
     newcomers: dict[str, tuple[str, int]] = {}  # id -> (kind, joined at)

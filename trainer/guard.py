@@ -120,6 +120,11 @@ class Guard:
         self.established_path = Path(run_dir) / "established.json"
         self.established: set[str] = (set(json.loads(self.established_path.read_text()))
                                       if self.established_path.exists() else set())
+        # Keys released by release_unpaired, with nobody to compare them with: established, never a reference
+        # (two colluding keys released that way would otherwise vouch for each other).
+        self.unchecked_path = Path(run_dir) / "unchecked.json"
+        self.unchecked: set[str] = (set(json.loads(self.unchecked_path.read_text()))
+                                    if self.unchecked_path.exists() else set())
         self.strikes: Counter = Counter()
         self.suspects: set[str] = set()
         # A difference counts toward a node's test only against a reference: an established or trusted
@@ -178,12 +183,13 @@ class Guard:
         return node_id in self.established or node_id in self.cfg.trusted
 
     def is_reference(self, node_id: str) -> bool:
-        """Do this node's answers count as the yardstick of the paired test?"""
-        return node_id == REFERENCE or self.is_established(node_id)
+        """Do this node's answers count as the yardstick of the paired test? (Not a key released unchecked.)"""
+        return node_id == REFERENCE or (self.is_established(node_id) and node_id not in self.unchecked)
 
     def probation_verdict(self, node_id: str, delivered: int, has_partner: bool) -> str | None:
-        """"cherry_picking", "released", or None while the evidence is not in yet, for a node on probation
-        that has delivered `delivered` audited groups."""
+        """"cherry_picking", "released", "released_unchecked" (release_unpaired, nobody to compare with), or
+        None while the evidence is not in yet, for a node on probation that has delivered `delivered` audited
+        groups."""
         n, z = self.pairs.z(node_id)
         if n >= self.cfg.pair_min and z > self.cfg.pair_z:
             return "cherry_picking"
@@ -197,13 +203,16 @@ class Guard:
                 return "released"
             return None  # not clean enough to release, not enough to convict: more shared prompts
         if not has_partner and self.cfg.release_unpaired and delivered >= self.cfg.probation_groups:
-            return "released"  # nobody to compare with, and the operator accepts that; all its groups audited
+            return "released_unchecked"  # nobody to compare with, and the operator accepts that; all audited
         return None
 
-    def establish(self, node_id: str) -> None:
-        """The key passed probation: remembered across restarts."""
+    def establish(self, node_id: str, checked: bool = True) -> None:
+        """The key passed probation (`checked`: by the paired test): remembered across restarts."""
         self.established.add(node_id)
         _write_json(self.established_path, sorted(self.established))
+        if not checked:
+            self.unchecked.add(node_id)
+            _write_json(self.unchecked_path, sorted(self.unchecked))
 
     def cherry_picking(self, node_id: str) -> bool:
         n, z = self.pairs.z(node_id)

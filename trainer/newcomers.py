@@ -85,8 +85,10 @@ class Newcomers:
     # ---- partners ------------------------------------------------------------------------------------
 
     def partners(self) -> int:
-        """Live established or trusted nodes: the references newcomers can share prompts with."""
-        return sum(1 for k in self.guard.established | self.guard.cfg.trusted if self.registry.live(k))
+        """Live established or trusted nodes (not those released unchecked): the references newcomers can
+        share prompts with."""
+        return sum(1 for k in self.guard.established | self.guard.cfg.trusted
+                   if self.guard.is_reference(k) and self.registry.live(k))
 
     def can_pair(self) -> bool:
         """Can a key on probation be paired now (the trainer's reference, or a live established node)?"""

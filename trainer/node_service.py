@@ -76,7 +76,7 @@ class NodeService:
                                 probation_groups=cfg.guard.probation_groups,
                                 assignment_timeout_s=cfg.server.assignment_timeout_s, seed=t.seed,
                                 pair_window=cfg.guard.pair_window)
-        self.work.established = guard.is_established
+        self.work.is_reference = guard.is_reference
         self.share = WorkShare(cfg.guard, t.inflight_groups)
         self.probation = Probation(guard, cfg.guard.probation_groups)
         self.buffer = BatchBuffer()

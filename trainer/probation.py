@@ -75,9 +75,9 @@ class Probation:
         out = Review(stale=self.take(lambda g: g.version < oldest))
         for node_id in list(self.delivered):
             verdict = self.guard.probation_verdict(node_id, self.delivered[node_id], has_partner(node_id))
-            if verdict == "released":
+            if verdict in ("released", "released_unchecked"):
                 del self.delivered[node_id]
-                self.guard.establish(node_id)
+                self.guard.establish(node_id, checked=verdict == "released")
                 out.released[node_id] = self.take(lambda g, n=node_id: g.node_id == n)
             elif verdict == "cherry_picking" and self.waiting(node_id):
                 out.caught[node_id] = self.take(lambda g, n=node_id: g.node_id == n)

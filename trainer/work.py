@@ -36,9 +36,9 @@ class WorkHandout:
     def __init__(self, items: Iterator[TaskItem], encode: Callable[[str], list[int]], sampling: P.SamplingSpec,
                  *, inflight_groups: int, max_lag: int, work_lag: int, max_held: int, duplicate_share: float,
                  probation_groups: int, assignment_timeout_s: float, seed: int, pair_window: int = 2,
-                 established: Callable[[str], bool] = lambda node_id: True):
+                 is_reference: Callable[[str], bool] = lambda node_id: True):
         self.items, self.encode, self.sampling = items, encode, sampling
-        self.established = established  # keys that passed probation (or are trusted)
+        self.is_reference = is_reference  # keys whose answers the paired test compares with (trainer/guard.py)
         self.inflight_groups, self.max_lag, self.work_lag = inflight_groups, max_lag, work_lag
         self.max_held, self.duplicate_share = max_held, duplicate_share
         self.probation_groups, self.assignment_timeout_s = probation_groups, assignment_timeout_s
@@ -130,14 +130,14 @@ class WorkHandout:
 
     def _next_item(self, node_id: str, on_probation: bool) -> TaskItem:
         # A prompt another node already has comes first: the paired reward test needs shared prompts, and a
-        # node on probation waits for them. Two keys that are not established never share one: a pair of
+        # node on probation waits for them. Two keys that are not references never share one: a pair of
         # new keys could be one cheater's, and would vouch for each other. The newest first: the test
         # compares answers of close policy versions only, so one handed out too long ago pairs with nothing.
         self._drop_unpairable()
-        mine_trusted = self.established(node_id)
+        mine_trusted = self.is_reference(node_id)
         for i in range(len(self.dups) - 1, -1, -1):
             d = self.dups[i]
-            if d.first != node_id and (mine_trusted or self.established(d.first)):
+            if d.first != node_id and (mine_trusted or self.is_reference(d.first)):
                 del self.dups[i]
                 return d.item
         if self.retry:

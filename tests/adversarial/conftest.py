@@ -1,7 +1,7 @@
 """One trainer and one honest vLLM node for the whole module (engine start-up is the expensive part).
 
-The honest node joins first, alone, so it passes probation and is established before any attacker
-arrives; every attacker then gets a fresh key and meets the trainer as a new node.
+The honest node is the operator's own (its key trusted) and joins first; every attacker then gets a fresh
+key and meets the trainer as a new node, on probation, paired with the honest node.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from swarm_common.keys import KeyPair
 from tests.conftest import Procs, free_port, get_json, wait_json
 
 HONEST = "honest"
@@ -52,7 +53,7 @@ class Swarm:
         return wait_json(self.url, lambda s: s["step"] >= start + n, timeout=timeout)
 
 
-def swarm_args(run_dir: Path, zport: int, hport: int, tport: int, extra: list[str] = ()) -> list[str]:
+def swarm_args(run_dir: Path, zport: int, hport: int, tport: int, honest_key: str, extra: list[str] = ()) -> list[str]:
     return [
         "train", "--run-dir", str(run_dir), "--port", str(zport), "--http-port", str(hport), "--max-steps", "100000",
         "--set", f"server.tracker_port={tport}", "--set", "server.web_port=-1",
@@ -63,9 +64,8 @@ def swarm_args(run_dir: Path, zport: int, hport: int, tport: int, extra: list[st
         # on disk that none is removed while an attacker loads it (steps take a fraction of a second).
         "--set", "train.keep_versions=40",
         "--set", "server.heartbeat_s=0.5", "--set", f"server.max_message_bytes={MAX_MESSAGE_BYTES}",
-        # The honest node joins alone and is released after its audited groups; attackers come later and
-        # are paired with it (never with each other).
-        "--set", "guard.release_unpaired=true",
+        # The honest node is the operator's own, trusted: attackers are paired with it (never with each other).
+        "--trust", honest_key,
         # Every attacker registers a fresh key from 127.0.0.1: a bucket that lasts the module (the flood
         # test, last, still meets its limit).
         "--set", f"guard.register_burst={REGISTER_BURST}", "--set", "guard.register_rate=0.5",
@@ -80,13 +80,14 @@ def swarm(tmp_path_factory) -> Swarm:
     zport, hport, tport = free_port(), free_port(), free_port()
     procs = Procs(root)
     try:
-        trainer = procs.start("trainer", *swarm_args(run_dir, zport, hport, tport))
+        honest_key = KeyPair.load_or_create(root / "node" / "node.key").public_hex
+        trainer = procs.start("trainer", *swarm_args(run_dir, zport, hport, tport, honest_key))
         url = f"http://127.0.0.1:{hport}/api/summary"
         wait_json(url, timeout=240, proc=trainer)
         procs.start("node", "node", "--trainer", f"127.0.0.1:{zport}", "--data-dir", str(root / "node"),
                     "--name", HONEST, "--max-prompts", "4")
         sw = Swarm(run_dir, zport, url, procs)
-        # The honest node is alone, passes probation on its audited groups and trains a few steps.
+        # The honest node, trusted, trains a few steps.
         wait_json(url, lambda s: s["step"] >= 3, timeout=240, proc=trainer)
         yield sw
         # Honest nodes lose nothing: no refusal in the whole module, still accepted to the end.

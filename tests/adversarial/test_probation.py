@@ -84,10 +84,22 @@ def test_alone_stays_on_probation_unless_the_operator_allows(tmp_path):
     cheater's); guard.release_unpaired releases it after its probation_groups audited groups."""
     g = _guard(tmp_path)
     assert g.probation_verdict("new", 16, has_partner=False) is None
+    (tmp_path / "lab").mkdir()
     lab = Guard(tmp_path / "lab", GuardConfig(pair_z=4.0, pair_min=12, release_unpaired=True))
     assert lab.probation_verdict("new", 15, has_partner=False) is None
     assert lab.probation_verdict("new", 16, has_partner=True) is None  # a partner exists: wait for pairs
-    assert lab.probation_verdict("new", 16, has_partner=False) == "released"
+    assert lab.probation_verdict("new", 16, has_partner=False) == "released_unchecked"
+    # Released unchecked, it is established but no reference: it cannot vouch for a second key (two
+    # colluding keys released each other this way and 1,312 cherry-picked groups were trained).
+    p = Probation(lab, 16)
+    p.begin("new")
+    p.delivered["new"] = 16
+    assert list(p.review(oldest=0, has_partner=lambda n: False).released) == ["new"]
+    assert lab.is_established("new") and not lab.is_reference("new")
+    assert not Guard(tmp_path / "lab", GuardConfig()).is_reference("new")  # remembered across a restart
+    lab.pairs.add("x", "new", 0, [1.0, 0.0] * 4)
+    lab.pairs.add("x", "friend", 0, [1.0] * 8)
+    assert lab.pairs.n["friend"] == 0
 
 
 def test_a_middling_excess_keeps_probation_going(tmp_path):

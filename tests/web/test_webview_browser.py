@@ -66,6 +66,8 @@ def test_live_page_draws_throughput_and_a_healthy_node(tmp_path, procs):
         assert "n0" in page.inner_text("#throughput")  # the node has its series (legend)
         assert "held-out accuracy" in page.inner_text("#learning")
         assert "no relay tree yet" not in page.inner_text("#tree")  # the node is a peer of the relay tree
+        # The run releases unpaired nodes unchecked (a lab setting): the page says so while it is on.
+        assert "release_unpaired is on" in page.inner_text("#banner-release-unpaired")
         shot = tmp_path / "webview.png"
         page.screenshot(path=str(shot), full_page=True)
         browser.close()
