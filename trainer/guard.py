@@ -58,8 +58,8 @@ class GuardConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     duplicate_share: float = 0.05  # prompts also given to a second node, for the cherry-picking test
     # z above which a node's reward excess over its references is cherry-picking, and the shared prompts
     # that carry evidence (not both groups alike and all alike) needed before any verdict. Chosen by
-    # simulation (bench/probation_sim.py, docs/benchmarks.md): about 2 honest keys in 100,000 banned,
-    # no best-of-2 or best-of-4 key released.
+    # simulation (bench/probation_sim.py, docs/benchmarks.md): 0 of 6,000 honest newcomers banned, 0 of
+    # 12,000 best-of-2 and best-of-4 newcomers released, in runs that learn.
     pair_z: float = 4.5
     pair_min: int = 16
     # Two answers to a shared prompt are compared only when their policy versions are at most this far

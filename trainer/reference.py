@@ -104,8 +104,9 @@ class Reference:
             if model is None:
                 return None
             ids = torch.tensor([prompt_ids] * self.group_size)
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                 temperature=a.temperature, top_p=a.top_p, top_k=0,
+            sampling = dict(do_sample=True, temperature=a.temperature, top_p=a.top_p, top_k=0) \
+                if a.temperature > 0 else dict(do_sample=False)  # temperature 0: the nodes decode greedily
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **sampling,
                                  max_new_tokens=self.max_tokens, eos_token_id=self.eos_id,
                                  pad_token_id=self.pad_id)
         completions = []
