@@ -50,6 +50,7 @@ LATE = frozenset({"stale", "late"})
 # A work request that finds no room waits here this long at most (a long poll) and is answered as soon as
 # room opens: a node polling on a timer would idle up to a period each step, which on a fast step is most of it.
 PARK_S = 2.0
+NEWCOMER_RETRY_S = 1.0  # when as many newcomers' requests wait as they have slots, the next asks again after this
 
 
 class Tree(Protocol):
@@ -157,8 +158,12 @@ class NodeService:
         self.work.announce(version)
         self._pulse()
         notice = P.encode(P.VersionNotice(weights=self.weights_info()))
-        for node_id, ident in list(self.idents.items()):  # live keys only: silent ones ask when they return
-            if self.registry.live(node_id):
+        # Live keys that have delivered (or are established) only: silent ones ask when they return, and a
+        # key with nothing accepted yet learns of versions from its work replies and the relay tree, so a
+        # crowd of throwaway keys cannot multiply every version by itself.
+        for node_id, ident in list(self.idents.items()):
+            rec = self.registry.get(node_id)
+            if self.registry.live(node_id) and (rec.accepted_groups or self.guard.is_established(node_id)):
                 await self.sock.send_multipart([ident, notice])
 
     def weights_info(self) -> P.WeightsInfo:
@@ -225,6 +230,9 @@ class NodeService:
             reply = self._assign(msg)
             if reply.assignments or msg.version_loaded < reply.min_version or msg.node_id in self.parked:
                 return reply  # work, or a newer version to load first: answer now
+            if not self._may_park(msg.node_id):
+                reply.retry_after_s = NEWCOMER_RETRY_S
+                return reply
             self.parked[msg.node_id] = asyncio.create_task(self._park(ident, msg))
             return None
         out = await self.intake.submit(rec, msg)
@@ -264,6 +272,15 @@ class NodeService:
         """Wake parked work requests: the buffer, the held work or the version changed."""
         self.work_changed.set()
         self.work_changed.clear()
+
+    def _may_park(self, node_id: str) -> bool:
+        """Keys that are not established share a few slots of work (share.newcomer_cap): as many of their
+        requests wait here as there are slots; the others are told to ask again later. A thousand parked
+        requests would each be woken, and answered, at every pulse and every version."""
+        if self.guard.is_established(node_id):
+            return True
+        waiting = sum(1 for n in self.parked if not self.guard.is_established(n))
+        return waiting < self.share.newcomer_cap
 
     async def _park(self, ident: bytes, req: P.WorkRequest) -> None:
         """Answer `req` once there is room for it, a new version is out, or PARK_S has passed."""

@@ -14,6 +14,9 @@ from prometheus_client import Counter as PCounter
 from trainer.node_registry import NodeRecord, NodeRegistry
 
 RATE_WINDOW_S = 10.0  # throughput rates are averaged over this many seconds
+# Live keys with nothing accepted yet that the views list (the newest); the rest are counted: a crowd of
+# throwaway keys must not make every view a thousand rows long.
+MAX_UNPROVEN = 50
 
 
 class NodeRow(msgspec.Struct):
@@ -95,6 +98,7 @@ class Overview(msgspec.Struct, kw_only=True):
     # Keys on probation and whether anyone can be paired with them (trainer/newcomers.py's Pairing), or None.
     pairing: Any = None
     silent_keys: int = 0  # registered keys, silent past gone_after_s, that never had work accepted (not listed)
+    unlisted_keys: int = 0  # live keys with nothing accepted beyond the MAX_UNPROVEN listed (the newest are)
 
 
 class Summary(Overview, kw_only=True):
@@ -270,12 +274,17 @@ class RunStats:
         nodes, states = [], Counter()
         tree = self.tree()
         peers = {p.get("key"): p for p in (msgspec.to_builtins(tree) or {}).get("peers", []) if p.get("key")}
-        silent = 0
+        silent = unlisted = 0
+        unproven = [r for r in self.registry.nodes.values() if not r.accepted_groups and r.standing == "probation"]
+        listed = {r.node_id for r in sorted(unproven, key=lambda r: r.last_seen)[-MAX_UNPROVEN:]}
         for rec in self.registry.nodes.values():
             state = self.registry.state(rec)
             states[state] += 1
             if state == "gone" and rec.accepted_groups == 0:
                 silent += 1  # a key that registered and went quiet: counted, not listed
+                continue
+            if rec.node_id not in listed and not rec.accepted_groups and rec.standing == "probation":
+                unlisted += 1
                 continue
             peer = peers.get(rec.node_id, {})
             tok, grp = last[2].get(rec.node_id, (0.0, 0.0))
@@ -301,7 +310,7 @@ class RunStats:
                     trained_groups=self.trained_groups, tokens_generated=self.tokens, tokens_per_s=round3(last[0]),
                     rollouts_per_s=round3(last[1]), refused=dict(self.refused), dropped=dict(self.dropped),
                     lag_counts={str(k): v for k, v in sorted(self.lag_counts.items())}, nodes=nodes,
-                    tree=tree, pairing=pairing, silent_keys=silent)
+                    tree=tree, pairing=pairing, silent_keys=silent, unlisted_keys=unlisted)
 
     def overview(self, window_s: float = RATE_WINDOW_S) -> Overview:
         return Overview(**self._figures(window_s))

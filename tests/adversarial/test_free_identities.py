@@ -276,3 +276,32 @@ def test_registrations_are_budgeted_per_prefix_too(tmp_path):
     got = [adm.register_allowed(f"203.0.113.{i // 2}") for i in range(10)]  # 2 per address, 5 per /24
     assert got == [True] * 5 + [False] * 5
     assert adm.register_allowed("198.51.100.1")  # another /24 has its own budget
+
+
+def test_a_crowd_of_new_keys_waits_outside(tmp_path, monkeypatch):
+    """Keys that are not established share new_keys_share of the work: as many of their requests wait for
+    room (a long poll, woken at every pulse) as they have slots, the rest are told to ask again in a second;
+    and a live key with nothing accepted gets no version notices (its work replies and the tree say)."""
+
+    from trainer import node_service
+
+    monkeypatch.setattr(node_service, "PARK_S", 10.0)
+
+    async def go():
+        own = KeyPair.generate()
+        async with running(tmp_path, trusted=[own.public_hex], new_key_held=2, new_keys_share=0.25) as run:
+            srv = run.srv
+            crowd = [(await run.register(KeyPair.generate()))[0] for _ in range(8)]
+            assert [len(await _work(c)) for c in crowd[:2]] == [2, 2]  # the newcomers' 4 slots are taken
+            for c in crowd[2:]:
+                await c.ask(2)
+            replies = [await c.recv(timeout=0.3) for c in crowd[2:]]
+            told = [r for r in replies if r is not None]
+            assert len(srv.parked) == 4 and len(told) == 2  # 4 wait for room, 2 are told to come back
+            assert all(not r.assignments and r.retry_after_s == 1.0 for r in told)
+            mine, _ = await run.register(own)
+            await srv.announce(1)
+            assert isinstance(await mine.recv(timeout=2.0, skip=()), P.VersionNotice)
+            assert await crowd[0].recv(timeout=0.5, skip=()) is None  # nothing accepted yet: no notice
+
+    asyncio.run(go())

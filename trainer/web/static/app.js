@@ -187,7 +187,10 @@ function drawNodes() {
       <td>${link}</td></tr>`;
   }).join("");
   const healthy = rows.filter((n) => n.state === "healthy").length;
-  $("nodes-note").textContent = `${healthy} of ${rows.length} healthy · rates over the last ${state.tp ? state.tp.window_s : 10} s`;
+  const hidden = [ov.unlisted_keys ? `${num(ov.unlisted_keys)} more new keys with nothing accepted not listed` : "",
+    ov.silent_keys ? `${num(ov.silent_keys)} silent keys not listed` : ""].filter(Boolean);
+  $("nodes-note").textContent = [`${healthy} of ${rows.length} healthy`, ...hidden,
+    `rates over the last ${state.tp ? state.tp.window_s : 10} s`].join(" · ");
 }
 
 // The relay tree (broadcast/ tracker's TreeView): per tree, origin -> children, with each peer's versions.
