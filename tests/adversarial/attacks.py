@@ -182,15 +182,19 @@ def false_version(ctx: Ctx) -> Outcome:
 
 
 def stale_version(ctx: Ctx) -> Outcome:
-    """A version older than the lag window: refused as stale (an honest slow node can be stale: no strike)."""
+    """A version older than the lag window: refused as stale (an honest slow node can be stale: no strike),
+    and each such refusal counts as an expiry, so the second in a row pauses the key: no more work."""
     out = Outcome()
     ev = _fresh(ctx, "stale-version", out)
     try:
-        for _ in range(3):
+        for _ in range(2):  # guard.expiries_to_pause
             work = ev.work(2)
             old = work.weights.version - ctx.max_lag - 1
             assert old >= 0, "the trainer has not published enough versions yet"
             out.saw(_code(ev.submit(old, honest_rollouts(ctx, work, old))), {"stale"})
+        ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=2))
+        reply = ev.recv()
+        out.saw("paused" if isinstance(reply, P.WorkAssignment) and not reply.assignments else "work", {"paused"})
     finally:
         ev.close()
     return out
