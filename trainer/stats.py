@@ -275,15 +275,16 @@ class RunStats:
         tree = self.tree()
         peers = {p.get("key"): p for p in (msgspec.to_builtins(tree) or {}).get("peers", []) if p.get("key")}
         silent = unlisted = 0
-        unproven = [r for r in self.registry.nodes.values() if not r.accepted_groups and r.standing == "probation"]
-        listed = {r.node_id for r in sorted(unproven, key=lambda r: r.last_seen)[-MAX_UNPROVEN:]}
+        unproven = [r for r in self.registry.nodes.values() if not r.accepted_groups and r.standing == "probation"
+                    and r.node_id not in self.registry.banned]  # bans are always listed
+        hidden = {r.node_id for r in sorted(unproven, key=lambda r: r.last_seen)[:-MAX_UNPROVEN]}  # all but the newest
         for rec in self.registry.nodes.values():
             state = self.registry.state(rec)
             states[state] += 1
             if state == "gone" and rec.accepted_groups == 0:
                 silent += 1  # a key that registered and went quiet: counted, not listed
                 continue
-            if rec.node_id not in listed and not rec.accepted_groups and rec.standing == "probation":
+            if rec.node_id in hidden:
                 unlisted += 1
                 continue
             peer = peers.get(rec.node_id, {})

@@ -86,10 +86,11 @@ def test_best_of_k_cherry_picking_is_caught_in_probation(swarm, ctx):
 
 
 def test_flood_is_rate_limited(swarm, ctx):
+    before = swarm.summary()["refused"].get("rate_limited", 0)
     out = ATTACKS["flood"](ctx)
     assert out.detected > 0
-    row = swarm.node_row(out.node_ids[0])
-    assert row["refused"].get("rate_limited", 0) >= out.detected
+    # Counted run-wide (the flooding key itself goes silent having delivered nothing: a count, not a row).
+    assert swarm.summary()["refused"].get("rate_limited", 0) - before >= out.detected
     _check_after(swarm, out)
 
 

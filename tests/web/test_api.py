@@ -214,3 +214,23 @@ def test_swarm_status_fails_cleanly_without_a_trainer(capsys):
 
     assert status.run(f"127.0.0.1:{free_port()}") == 1
     assert "cannot read" in capsys.readouterr().out
+
+
+def test_the_views_do_not_grow_with_throwaway_keys():
+    """Keys that registered and delivered nothing: silent ones are a count, live ones beyond the newest
+    MAX_UNPROVEN a count too; those that delivered, and banned keys, are always rows."""
+    import time as _time
+
+    from trainer.stats import MAX_UNPROVEN
+
+    s = scripted_stats()  # n0 delivered; n1 delivered and is banned
+    reg = s.registry
+    for i in range(MAX_UNPROVEN + 30):
+        reg.register(f"{i:064x}", f"x{i}")
+    for i in range(20):  # the first 20 went quiet long ago
+        reg.nodes[f"{i:064x}"].last_seen = _time.monotonic() - reg.gone_after_s - 1
+    ov = s.overview()
+    names = {n.name for n in ov.nodes}
+    assert {"n0", "n1"} <= names and ov.silent_keys == 20
+    assert len(names) == 2 + MAX_UNPROVEN and ov.unlisted_keys == 10
+    assert f"x{MAX_UNPROVEN + 29}" in names and "x25" not in names  # the newest are the ones listed
