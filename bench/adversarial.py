@@ -65,13 +65,7 @@ def honest_client(ctx: Ctx, name: str, stop: threading.Event, ids: list[str], pr
     try:
         ev.register()
         while not stop.is_set():
-            ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=prompts))
-            work = ev.recv()
-            if not isinstance(work, P.WorkAssignment):
-                continue
-            ev.version = max(ev.version, work.weights.version)
-            if not work.assignments:
-                time.sleep(work.retry_after_s or 0.2)
+            if (work := ev.ask(prompts)) is None:
                 continue
             v = work.weights.version
             rollouts = [P.Rollout(a.assignment_id, sampler.sample(v, a.prompt_token_ids, ctx.group_size))

@@ -131,13 +131,7 @@ def newcomer(port: int, run_dir: Path, url: str, out: dict, stop: threading.Even
         t0 = time.monotonic()
         ev.register()
         while not stop.is_set():
-            ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=4))
-            work = ev.recv()
-            if not isinstance(work, P.WorkAssignment):
-                continue
-            ev.version = max(ev.version, work.weights.version)
-            if not work.assignments:
-                time.sleep(work.retry_after_s or 0.2)
+            if (work := ev.ask(4)) is None:
                 continue
             out.setdefault("first_work_s", round(time.monotonic() - t0, 1))
             v = work.weights.version

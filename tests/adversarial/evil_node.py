@@ -140,6 +140,19 @@ class EvilNode:
         self.version = max(self.version, reply.weights.version)
         return reply
 
+    def ask(self, max_prompts: int) -> P.WorkAssignment | None:
+        """One work request at the newest version announced, as a node asks: the assignment when it holds
+        work; None (after the wait the trainer asked for) when it does not, or no answer came."""
+        self.send(P.WorkRequest(node_id=self.node_id, version_loaded=self.version, max_prompts=max_prompts))
+        work = self.recv()
+        if not isinstance(work, P.WorkAssignment):
+            return None
+        self.version = max(self.version, work.weights.version)
+        if not work.assignments:
+            time.sleep(work.retry_after_s or 0.2)
+            return None
+        return work
+
     def work(self, max_prompts: int, version_loaded: int | None = None, tries: int = 200) -> P.WorkAssignment:
         """Ask until the trainer hands out at least one assignment."""
         for _ in range(tries):
