@@ -22,7 +22,7 @@ from swarm_common.keys import fingerprint
 
 from .addresses import is_loopback, is_wildcard, parse_relay_url, relay_url
 from .identity import is_hex, reach_answer, sign_join
-from .messages import Join, Joined, Latest, PeerHeartbeat, Report, TreeSources, decode
+from .messages import ORIGIN, Join, Joined, Latest, PeerHeartbeat, Report, TreeSources, decode
 
 if TYPE_CHECKING:
     from .peer import Peer
@@ -149,9 +149,9 @@ class Membership:
         if not self.peer_id:
             return
         progress = {v: st.n_have for v, st in self.states.items() if not st.complete}
-        msg = PeerHeartbeat(self.peer_id, self._token, self.complete_versions(), progress,
-                            self.served_bytes, dict(list(self.received.items())[-64:]), self._received.take(),
-                            self._sources_tag)
+        msg = PeerHeartbeat(self.peer_id, self._token, self.complete_versions(), progress, self.served_bytes,
+                            self._named(dict(list(self.received.items())[-64:])),
+                            self._named(self._received.take()), self._sources_tag)
         try:
             status, body = await self._post("/heartbeat", msg)
         except NET_ERRORS as e:
@@ -172,7 +172,7 @@ class Membership:
             if not a.sources and a.tag and a.tag == self._sources_tag:
                 a.sources = self.sources  # unchanged since the last heartbeat
             if len(a.sources) != self.trees or not all(
-                0 < len(c) <= 64 and all(u.startswith("http://") and len(u) < 256 for u in c) for c in a.sources
+                len(c) <= 64 and all(u.startswith("http://") and len(u) < 256 for u in c) for c in a.sources
             ):
                 raise ValueError("malformed sources")
         except (msgspec.DecodeError, ValueError) as e:
@@ -186,6 +186,10 @@ class Membership:
             await self._note_latest(a.latest)
         if self.follow and self.known_latest is not None and self.known_latest not in self.complete_versions():
             self._ensure_download(self.known_latest)  # a download that failed (origin down) starts again
+
+    def _named(self: Peer, by_url: dict) -> dict:
+        """Per source as the tracker names them: the origin as ORIGIN, not at the URL we reach it at."""
+        return {ORIGIN if url == self.tracker_url else url: v for url, v in by_url.items()}
 
     async def _set_evicted(self: Peer, why: str) -> None:
         log.error("evicted by the tracker: %s", why)

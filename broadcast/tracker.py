@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from .layout import Layout, join_order_layout
-from .messages import Banned, Join, Joined, PeerHeartbeat, PeerView, Received, TreeSources, TreeView
+from .messages import ORIGIN, Banned, Join, Joined, PeerHeartbeat, PeerView, Received, TreeSources, TreeView
 from .placement import Candidate, UploadMeter, measured_layout
 
 MAX_BANNED = 10_000
@@ -331,7 +331,7 @@ class Tracker:
             self.latest = latest
             self._layout = None  # a new version: a fresh layout, repaired in place until it is everywhere
         if latest is not None and latest != self.uploads.epoch:
-            live = {p.url for p in self.peers.values() if p.url} | {self.origin_url}
+            live = {p.url for p in self.peers.values() if p.url} | {ORIGIN}
             if self.uploads.new_epoch(latest, live):
                 for p in self.peers.values():
                     # A stall report blames the relay a child waited on, often the victim of a slow one above
@@ -357,7 +357,7 @@ class Tracker:
         cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, up.uplink(p.url) if p.url else None)
                  for p in keep]
         group, parents, children, caps = measured_layout(cands, self.trees, self.fanout,
-                                                         up.placed.get(self.origin_url), len(fresh))
+                                                         up.placed.get(ORIGIN), len(fresh))
         for p in keep:
             p.group = group[p.peer_id]
         layout = Layout(parents, children, caps)
@@ -366,7 +366,8 @@ class Tracker:
         return layout
 
     def sources(self, peer_id: str) -> list[list[str]]:
-        """For each tree, the chain of ancestor URLs: parent first, origin last."""
+        """For each tree, the chain of ancestor URLs, parent first; the origin above them is left out: each
+        peer reaches it at its own tracker URL (the origin's bind address may be 0.0.0.0)."""
         parents, _ = self.topology()
         out = []
         for t in range(self.trees):
@@ -377,7 +378,6 @@ class Tracker:
                 if url:
                     chain.append(url)
                 cur = parents[t].get(cur)
-            chain.append(self.origin_url)
             out.append(chain)
         return out
 

@@ -112,7 +112,7 @@ class Trainer:
         st = self.state
         items = self.task.train_items(seed=cfg.task.seed, start=st.items_drawn if st else 0)
         self.service = NodeService(cfg, self.task, self.tok, self.model.config.vocab_size, self.stats,
-                                   self.registry, lambda v: f"{self.origin.url}/v/{v}/manifest", items,
+                                   self.registry, lambda v: f"/v/{v}/manifest", items,  # relative: per node
                                    tracker_url=self.origin.url, trainer_key=key.public_hex, guard=self.guard,
                                    auditor=self.auditor, ledger=self.ledger, tree=self.origin)
         self.origin.on_ban = self.service.ban_from_tree  # confirmed corruption in the tree bans the node key

@@ -19,7 +19,7 @@ import contextlib
 import time as _time
 
 import broadcast.tracker as tracker_mod
-from broadcast.messages import Join, PeerHeartbeat
+from broadcast.messages import ORIGIN, Join, PeerHeartbeat
 from broadcast.receive_meter import ReceiveMeter
 from broadcast.tracker import Tracker, TrackerError
 
@@ -87,7 +87,7 @@ class Swarm:
                  turns: bool = True, fresh_after_dead: bool = True, probes: bool = True):
         self.sim, self.net = sim, Net(sim)
         self.origin = origin
-        self.origin_url = "http://origin:1"
+        self.origin_url = ORIGIN  # each real peer reaches it at its tracker URL
         self.tracker = Tracker(self.origin_url, trees, fanout, heartbeat, max_peers=1 << 20)  # churn: N + arrivals
         self.trees, self.piece, self.window = trees, piece, window
         self.hb = heartbeat
