@@ -33,8 +33,10 @@ from bench.simlib.engine import Host, Sim  # noqa: E402
 from bench.simlib.fluid import shardcast, star  # noqa: E402
 from bench.simlib.links import DISTRIBUTIONS, Link, Mbit, draw, fluid_bound  # noqa: E402
 from bench.simlib.swarm import SimPeer, Swarm, simulated_time  # noqa: E402
+from broadcast.config import OriginConfig, PeerConfig  # noqa: E402
 from broadcast.delta_publish import delta_piece_size  # noqa: E402
 
+ORIGIN, PEER = OriginConfig(), PeerConfig()  # the defaults: the tree's own
 MB = 1e6
 
 
@@ -179,7 +181,7 @@ def main() -> None:
     ap.add_argument("--versions", nargs="+", default=["full", "delta"], choices=["full", "delta"])
     ap.add_argument("--designs", nargs="+", default=["tree", "tree-blind", "star", "shardcast"],
                     choices=["tree", "tree-blind", "star", "shardcast"])
-    ap.add_argument("--piece-kib", type=int, default=1024, help="as trainer's ServerConfig.piece_bytes")
+    ap.add_argument("--piece-kib", type=int, default=ORIGIN.piece_bytes >> 10, help="the tree's piece_bytes")
     ap.add_argument("--delta-piece-kib", type=int, default=None,
                     help="piece size for deltas (default: the origin's rule, broadcast.delta_publish)")
     ap.add_argument("--warmup-frac", type=float, default=None,
@@ -188,9 +190,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1,
                     help="simulate this many consecutive pieces as one (fewer events; each hop then waits for "
                          "a whole batch, so T comes out pessimistic)")
-    ap.add_argument("--trees", type=int, default=4)
-    ap.add_argument("--fanout", type=int, default=4)
-    ap.add_argument("--window", type=int, default=2)
+    ap.add_argument("--trees", type=int, default=ORIGIN.n_trees)
+    ap.add_argument("--fanout", type=int, default=ORIGIN.fanout)
+    ap.add_argument("--window", type=int, default=PEER.window)
     ap.add_argument("--churn", type=float, default=0.10)
     ap.add_argument("--no-turns", action="store_true",
                     help="a child's requests to one source share its share (before broadcast/serving.Turns)")

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.broadcast import MiB, run_ours  # noqa: E402
 from bench.simlib.links import Link  # noqa: E402
 from bench.tree_sim import run_tree  # noqa: E402
+from broadcast.config import OriginConfig, PeerConfig  # noqa: E402
 
 
 def main() -> None:
@@ -26,8 +27,8 @@ def main() -> None:
     ap.add_argument("--size-mib", type=float, default=4.0)
     ap.add_argument("--rate-mib", type=float, default=1.0)
     ap.add_argument("--piece-kib", type=int, default=64)
-    ap.add_argument("--trees", type=int, default=4)
-    ap.add_argument("--window", type=int, default=2)
+    ap.add_argument("--trees", type=int, default=OriginConfig().n_trees)
+    ap.add_argument("--window", type=int, default=PeerConfig().window)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

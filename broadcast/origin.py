@@ -18,6 +18,7 @@ from swarm_common.http import start_site
 from swarm_common.keys import KeyPair
 
 from .addresses import advertised_url, is_private, relay_url
+from .config import OriginConfig
 from .delta_publish import build_version, serve_file, want_delta
 from .identity import JOIN_SKEW_S, check_join
 from .judge import Judge, Prober
@@ -38,51 +39,30 @@ def _json(obj, status: int = 200) -> web.Response:
 
 
 class Origin:
-    def __init__(
-        self,
-        root_dir: Path | str,
-        keypair: KeyPair,
-        host: str = "127.0.0.1", port: int = 0,
-        fanout: int = 4, keep: int = 3,
-        *,
-        trees: int | None = None,
-        upload_rate: float | None = None,
-        piece_size: int = 4 << 20,
-        heartbeat_interval: float = 2.0,
-        piece_wait: float = 20.0,
-        max_peers: int = 1000,
-        allow_private: bool | None = None,
-        joins_per_address: tuple[float, float] = (4.0, 64.0),
-        joins_per_key: tuple[float, float] = (0.2, 3.0),
-        full_every: int = 1,
-    ):
-        """`trees` defaults to `fanout`: that is what lets every relay upload exactly what it downloads.
-        `allow_private`: accept private/loopback relay addresses (None: when the join reached us on one).
-        `joins_per_*`: (rate per second, burst) of joins accepted per source address and per key.
-        `full_every`: every K-th version goes out whole, the others as deltas against the one before
-        (broadcast/delta.py); 1 sends every version whole. `piece_size` 0: chosen per version from its size
-        (manifest.auto_piece_size)."""
+    def __init__(self, root_dir: Path | str, keypair: KeyPair, config: OriginConfig | None = None, *,
+                 host: str = "127.0.0.1", port: int = 0, keep: int = 3):
+        """`config`: the tree's knobs (broadcast/config.py; the trainer's [server.tree]). `host`, `port`: where
+        the origin and tracker listen. `keep`: versions served at once (the newest)."""
+        cfg = self.cfg = config or OriginConfig()
         self.root_dir, self.keypair = Path(root_dir).resolve(), keypair
         self.host, self.port = host, port
-        self.fanout, self.keep, self.trees = fanout, keep, trees or fanout
-        self.piece_size, self.piece_wait = piece_size, piece_wait
-        self.limiter, self.heartbeat_interval = RateLimiter(upload_rate), heartbeat_interval
+        self.fanout, self.keep, self.trees = cfg.fanout, keep, cfg.n_trees
+        self.limiter = RateLimiter(cfg.upload_rate)
         self.versions: dict[int, VersionState] = {}
         self.full_dirs: dict[int, Path] = {}  # each served version's files whole (the trainer's directory)
-        self.full_every, self._since_full = full_every, 0
+        self._since_full = 0  # versions since the last whole one
         self.latest: int | None = None
         self.tracker: Tracker | None = None
-        self.max_peers, self.allow_private = max_peers, allow_private
         self.on_ban: Callable[[str, str], None] | None = None  # confirmed corruption: (key hex, reason)
         self._judge: Judge | None = None
         self._prober: Prober | None = None
         self._uplinks: UplinkProber | None = None  # times relays' uplinks before any child has
-        self._join_limit, self._key_limit = KeyedBuckets(*joins_per_address), KeyedBuckets(*joins_per_key)
+        self._join_limit, self._key_limit = KeyedBuckets(*cfg.joins_per_address), KeyedBuckets(*cfg.joins_per_key)
         self._report_limit = KeyedBuckets(1.0, 5.0)  # keys with standing
         self._fresh_report_limit = KeyedBuckets(0.2, 3.0)  # keys without: a report costs the origin a probe
         self._doctor_limit = KeyedBuckets(0.5, 3.0)
         # once an interval, and at once after a report or a version: more only costs the trainer's CPU
-        self._hb_limit = KeyedBuckets(4.0 / heartbeat_interval, 12.0)
+        self._hb_limit = KeyedBuckets(4.0 / cfg.heartbeat_s, 12.0)
         self._nonces: dict[str, float] = {}
         self._trusted: set[str] = set()  # keys the trainer calls established, kept across tracker restarts
         self._new_version = asyncio.Condition()
@@ -122,7 +102,7 @@ class Origin:
         # Short shutdown: long polls and held piece requests must not keep stop() waiting.
         self._runner, self.port = await start_site(app, self.host, self.port, shutdown_timeout=1.0)
         self._url = f"http://{self.host}:{self.port}"
-        self.tracker = Tracker(self._url, self.trees, self.fanout, self.heartbeat_interval, max_peers=self.max_peers)
+        self.tracker = Tracker(self._url, self.trees, self.fanout, self.cfg.heartbeat_s, max_peers=self.cfg.max_peers)
         for key in self._trusted:
             self.tracker.set_trusted(key)
         self.tracker.uploads.restore(self.root_dir / UPLINKS_FILE)  # a restarted trainer's swarm: no re-probing
@@ -152,14 +132,14 @@ class Origin:
     async def publish(self, version_dir: Path | str, version: int, parent: int | None,
                       full: bool | None = None) -> Manifest:
         """Hash+sign `version_dir` (already written by the trainer) and start serving it: as a delta against
-        `parent` or whole, by the `full_every` rule unless `full` says (see delta_publish.build_version)."""
+        `parent` or whole, by the config's `full_every` rule unless `full` says (see delta_publish.build_version)."""
         if self.latest is not None and version <= self.latest:
             raise ValueError(f"version {version} is not newer than the latest published ({self.latest})")
         version_dir = Path(version_dir).resolve()
         base = self.full_dirs.get(parent) if parent is not None and parent in self.versions else None
-        if not want_delta(full, self._since_full, self.full_every):
+        if not want_delta(full, self._since_full, self.cfg.full_every):
             base = None
-        piece = self.piece_size or await asyncio.to_thread(auto_piece_size, version_dir)
+        piece = self.cfg.piece_bytes or await asyncio.to_thread(auto_piece_size, version_dir)
         m, served = await asyncio.to_thread(build_version, version_dir, version, parent, self.keypair,
                                             piece, base, self.root_dir / "deltas" / f"v{version}")
         self._since_full = 0 if m.base is None else self._since_full + 1
@@ -205,7 +185,7 @@ class Origin:
 
     async def _reaper(self) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat_interval)
+            await asyncio.sleep(self.cfg.heartbeat_s)
             assert self.tracker and self._judge
             self.tracker.reap()
             now = time.monotonic()
@@ -238,7 +218,9 @@ class Origin:
 
     def _relay_url(self, msg: Join, request: web.Request) -> str | None:
         sock = request.transport.get_extra_info("sockname") if request.transport else None
-        private_ok = self.allow_private if self.allow_private is not None else bool(sock) and is_private(str(sock[0]))
+        private_ok = self.cfg.private_ok
+        if private_ok is None:
+            private_ok = bool(sock) and is_private(str(sock[0]))
         try:
             return advertised_url(msg.relay, msg.url, msg.port, request.remote or "", private_ok)
         except ValueError as e:
@@ -386,10 +368,10 @@ class Origin:
         index = request.match_info["index"]
         order = self._order.get(version)
         if order is None or not index.isdigit() or int(index) >= len(order.sent):
-            return await serve_piece(request, lookup, self.limiter, self.piece_wait, self._turns, self.trees)
+            return await serve_piece(request, lookup, self.limiter, self.cfg.piece_wait_s, self._turns, self.trees)
         await order.wait_turn(int(index))
         try:
-            return await serve_piece(request, lookup, self.limiter, self.piece_wait, self._turns, self.trees)
+            return await serve_piece(request, lookup, self.limiter, self.cfg.piece_wait_s, self._turns, self.trees)
         finally:
             await order.sent_one(int(index))
 

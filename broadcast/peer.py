@@ -25,6 +25,7 @@ from swarm_common.http import read_capped, start_site
 from swarm_common.keys import KeyPair, fingerprint
 
 from .addresses import is_loopback, parse_relay_url
+from .config import PeerConfig
 from .delta_fetch import materialize
 from .manifest import MAX_MANIFEST_BYTES, ManifestError, decode_manifest, encode_manifest
 from .membership import Evicted, FetchError, Membership
@@ -32,11 +33,11 @@ from .messages import Leave
 from .ratelimit import RateLimiter
 from .receive_meter import ReceiveMeter
 from .serving import MAX_VERSION, Turns, parse_int, serve_piece
-from .sourcing import MIN_FIRST_BYTE_S, Sourcing
+from .sourcing import Sourcing
 from .store import Store, VersionState
 from .uplink_probe import PROBE_PATH, ProbeServer
 
-__all__ = ["Evicted", "FetchError", "Peer"]
+__all__ = ["Evicted", "FetchError", "Peer", "PeerConfig"]
 log = logging.getLogger("broadcast.peer")
 
 
@@ -46,50 +47,38 @@ class Peer(Membership, Sourcing):
         tracker_url: str,
         data_dir: Path | str,
         trusted_public: bytes,
-        host: str | None = None,
-        port: int = 0,
-        relay: bool = True,
-        keep: int = 3,
-        upload_rate: float | None = None,
+        config: PeerConfig | None = None,
         *,
-        name: str = "",
+        keypair: KeyPair | None = None,
         follow: bool = True,
         on_version: Callable[[int, Path], Awaitable[None]] | None = None,
-        window: int = 2,
-        stall_timeout: float = 30.0,
-        progress: bool = False,
-        keypair: KeyPair | None = None,
-        advertise: str | None = None,
-        first_byte_timeout: float = 1.0,
     ):
-        """`follow`: fetch every newly published version automatically (relays must, to serve children).
-        `window`: requests in flight per tree, keeps each parent's pipe full across piece boundaries.
-        `host`: the relay's listen address (None: 127.0.0.1 when the tracker is on loopback, else all
-        interfaces). `advertise`: http://HOST:PORT others reach the relay at, when that is not the address
-        the tracker sees us at (NAT, port forwarding). `keypair`: this peer's identity in the tree (a node
-        passes its node key; None: a throwaway key). `first_byte_timeout`: the longest a source may stay
-        silent before the next ancestor is asked in parallel."""
+        """`config`: the peer's knobs (broadcast/config.py). `keypair`: this peer's identity in the tree (a
+        node passes its node key; None: a throwaway key). `follow`: fetch every newly published version
+        automatically (relays must, to serve children). `on_version`: called with each version held."""
         if len(trusted_public) != 32:
             raise ValueError("trusted_public must be a 32-byte ed25519 public key")
-        if advertise is not None:
-            parse_relay_url(advertise)  # ValueError: not a plain http://host:port
+        cfg = self.cfg = config or PeerConfig()
+        if cfg.advertise is not None:
+            parse_relay_url(cfg.advertise)  # ValueError: not a plain http://host:port
         self.tracker_url = tracker_url.rstrip("/")
-        self.store = Store(data_dir, keep)
+        self.store = Store(data_dir, cfg.keep)
         self.trusted_public = trusted_public
+        host = cfg.relay_host
         if host is None:
             host = "127.0.0.1" if is_loopback(URL(self.tracker_url).host or "") else "0.0.0.0"
-        self.host, self.port = host, port
-        self.relay = relay
-        self.limiter = RateLimiter(upload_rate)
-        self.name = name
+        self.host, self.port = host, cfg.relay_port  # where the relay listens (the port once bound)
+        self.relay = cfg.relay
+        self.limiter = RateLimiter(cfg.upload_rate)
+        self.name = cfg.name
         self.follow = follow
         self.on_version = on_version
-        self.window = max(1, window)
-        self.stall_timeout = stall_timeout
-        self.progress = progress
+        self.window = cfg.window
+        self.stall_timeout = cfg.stall_timeout
+        self.progress = cfg.progress
         self.keypair = keypair or KeyPair.generate()
-        self.advertise = advertise
-        self.first_byte_timeout = max(MIN_FIRST_BYTE_S, first_byte_timeout)
+        self.advertise = cfg.advertise
+        self.first_byte_timeout = cfg.first_byte_timeout
         self.url: str | None = None  # as the tracker gives it to others
         self.observed_host = ""
         self.reachable: bool | None = None
@@ -346,5 +335,5 @@ class Peer(Membership, Sourcing):
     async def _piece(self, request: web.Request) -> web.StreamResponse:
         if self.evicted:
             raise web.HTTPNotFound(text="evicted")
-        return await serve_piece(request, self._lookup, self.limiter, self.stall_timeout * 0.6, self._turns,
+        return await serve_piece(request, self._lookup, self.limiter, self.cfg.hold_s, self._turns,
                                  self.trees, self._sent)

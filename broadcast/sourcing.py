@@ -40,7 +40,6 @@ MAX_FAILURES_PER_PIECE = 20
 TEMP_BLACKLIST_S = 30.0
 SILENT_AVOID_S = 5.0  # a source silent through one race: avoided this long (a loaded honest one recovers)
 RECV_CHUNK = 1 << 20  # a piece arrives in a few reads, not one per 64 KiB
-MIN_FIRST_BYTE_S = 0.25  # the shortest first-byte timeout one may set
 IDLE_ROUNDS = 4  # an answered source may send nothing while this many pieces per tree come from elsewhere
 POLL_S = 0.2  # how often a race looks again whether its newest request has fallen that far behind
 

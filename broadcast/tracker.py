@@ -65,13 +65,13 @@ class PeerRec:
 
 
 class Tracker:
-    def __init__(self, origin_url: str, trees: int, fanout: int, heartbeat_interval: float = 2.0, *,
+    def __init__(self, origin_url: str, trees: int, fanout: int, heartbeat_s: float = 2.0, *,
                  max_peers: int = 1000, penalty_limit: float = 5.0, prove_bytes: int = 1 << 16):
         if trees < 1 or fanout < 1:
             raise ValueError("trees and fanout must be >= 1")
         self.origin_url, self.trees, self.fanout = origin_url, trees, fanout
-        self.heartbeat_interval = heartbeat_interval
-        self.dead_after = 3 * heartbeat_interval + 1.0
+        self.heartbeat_s = heartbeat_s
+        self.dead_after = 3 * heartbeat_s + 1.0
         self.max_peers, self.penalty_limit, self.prove_bytes = max_peers, penalty_limit, prove_bytes
         self.peers: dict[str, PeerRec] = {}
         self.banned: dict[str, Banned] = {}  # by peer_id (what a banned member's heartbeats are told)
@@ -188,7 +188,7 @@ class Tracker:
         self._repair("add", rec.peer_id)
         self.event(f"join {rec.peer_id} {rec.name} {rec.url or '(no relay)'} key={key[:12]} group={rec.group}"
                    + ("" if rec.reachable is not False else " (not reachable: leaf)"))
-        return Joined(rec.peer_id, rec.token, self.trees, self.heartbeat_interval, rec.url, observed_host,
+        return Joined(rec.peer_id, rec.token, self.trees, self.heartbeat_s, rec.url, observed_host,
                       rec.reachable, rec.reach_error)
 
     def set_reachable(self, rec: PeerRec, reachable: bool, error: str = "") -> None:

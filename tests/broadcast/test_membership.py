@@ -13,10 +13,11 @@ import pytest
 from aiohttp import web
 from bc_helpers import make_version
 
+from broadcast.config import OriginConfig
 from broadcast.identity import reach_answer, sign_join
 from broadcast.messages import Join, Joined, PeerHeartbeat, ReachTest, TreeSources, TreeView
 from broadcast.origin import Origin
-from broadcast.peer import Peer
+from broadcast.peer import Peer, PeerConfig
 from broadcast.ratelimit import KeyedBuckets
 from swarm_common.http import start_site
 from swarm_common.keys import KeyPair
@@ -57,8 +58,8 @@ class Lab:
         self.cleanup: list = []
 
     async def __aenter__(self) -> Lab:
-        self.origin = Origin(self.tmp / "origin", self.key, heartbeat_interval=0.3, piece_size=64 << 10,
-                             fanout=2, **self.kw)
+        self.origin = Origin(self.tmp / "origin", self.key,
+                             OriginConfig(heartbeat_s=0.3, piece_bytes=64 << 10, fanout=2, **self.kw))
         await self.origin.start()
         return self
 
@@ -68,8 +69,8 @@ class Lab:
         await self.origin.stop()
 
     async def peer(self, name: str, **kw) -> Peer:
-        p = Peer(self.origin.url, self.tmp / name, self.key.public_bytes, host="127.0.0.1", name=name,
-                 stall_timeout=4, **kw)
+        cfg = PeerConfig(relay_host="127.0.0.1", name=name, stall_timeout=4, advertise=kw.pop("advertise", None))
+        p = Peer(self.origin.url, self.tmp / name, self.key.public_bytes, cfg, **kw)
         await p.start()
         self.cleanup.append(p.stop)
         return p
@@ -127,7 +128,7 @@ def test_private_address_refused_by_a_public_tracker_and_the_peer_downloads_anyw
     caplog.set_level(logging.INFO)
 
     async def scenario():
-        async with Lab(tmp_path, allow_private=False) as lab:  # as if the tracker were on a public address
+        async with Lab(tmp_path, allow_private="never") as lab:  # as if the tracker were on a public address
             p = await lab.peer("p")
             assert p.url is None and p.peer_id in lab.origin.tracker.peers  # joined again as a leaf
             assert lab.origin.tracker.refused["private_url"] == 1

@@ -14,8 +14,9 @@ import pytest
 from aiohttp import web
 from bc_helpers import make_version
 
+from broadcast.config import OriginConfig
 from broadcast.origin import Origin
-from broadcast.peer import Peer
+from broadcast.peer import Peer, PeerConfig
 from swarm_common.keys import KeyPair
 
 pytestmark = pytest.mark.timeout(60)
@@ -73,13 +74,13 @@ async def race(tmp_path, parent_kw: dict, pieces: list[int], others: str = "", l
     outcomes, the seconds they took, and the origin's URL. `slow_answers_after_bypass`: once the race
     goes around the parent, the peer's usual answer time becomes 10 s (a loaded machine's)."""
     key = KeyPair.generate()
-    o = Origin(tmp_path / "origin", key, heartbeat_interval=0.3, piece_size=64 << 10)
+    o = Origin(tmp_path / "origin", key, OriginConfig(heartbeat_s=0.3, piece_bytes=64 << 10))
     await o.start()
     await o.publish(make_version(tmp_path / "origin" / "v1", 1, 1 << 20), 1, None)
     parent = Parent(o, **parent_kw)
     await parent.start()
-    peer = Peer(o.url, tmp_path / "p", key.public_bytes, relay=False, follow=False, stall_timeout=20,
-                first_byte_timeout=FIRST_BYTE)
+    peer = Peer(o.url, tmp_path / "p", key.public_bytes,
+                PeerConfig(relay=False, stall_timeout=20, first_byte_timeout=FIRST_BYTE), follow=False)
     try:
         await peer.start()
         take, peer._received.take = peer._received.take, dict  # heartbeats leave the evidence to us
@@ -176,7 +177,7 @@ def test_a_dead_parents_piece_is_asked_of_the_parents_the_tracker_gives_next_not
 
     async def main():
         key = KeyPair.generate()
-        o = Origin(tmp_path / "origin", key, heartbeat_interval=0.3, piece_size=64 << 10)
+        o = Origin(tmp_path / "origin", key, OriginConfig(heartbeat_s=0.3, piece_bytes=64 << 10))
         await o.start()
         await o.publish(make_version(tmp_path / "origin" / "v1", 1, 1 << 20), 1, None)
         grandparent = Parent(o)
@@ -186,8 +187,8 @@ def test_a_dead_parents_piece_is_asked_of_the_parents_the_tracker_gives_next_not
             dead = f"http://127.0.0.1:{s.getsockname()[1]}"
         # The wait for the heartbeat after the report is bounded by the answer deadline: a long one here, so
         # that a loaded machine's slow heartbeat does not send the piece to the grandparent.
-        peer = Peer(o.url, tmp_path / "p", key.public_bytes, relay=False, follow=False, stall_timeout=20,
-                    first_byte_timeout=10)
+        peer = Peer(o.url, tmp_path / "p", key.public_bytes,
+                    PeerConfig(relay=False, stall_timeout=20, first_byte_timeout=10), follow=False)
         try:
             await peer.start()
             st = await asyncio.to_thread(peer.store.open_partial, await peer._get_manifest(1))

@@ -12,6 +12,7 @@ import pytest
 from bc_helpers import make_version
 
 import broadcast.serving as serving
+from broadcast.config import OriginConfig
 from broadcast.origin import Origin
 from swarm_common.keys import KeyPair
 
@@ -22,7 +23,7 @@ PIECE = 256 << 10
 
 async def fetch_all(tmp_path, requests: list[tuple[str, int]]) -> list[float]:
     """Ask the origin for each (X-Peer, piece) at once; the seconds until each body's last byte."""
-    o = Origin(tmp_path / "origin", KeyPair.generate(), trees=4, upload_rate=RATE, piece_size=PIECE)
+    o = Origin(tmp_path / "origin", KeyPair.generate(), OriginConfig(trees=4, upload_rate=RATE, piece_bytes=PIECE))
     await o.start()
     try:
         await o.publish(make_version(tmp_path / "origin" / "v1", 1, 1 << 20), 1, None)

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from bc_helpers import Cluster
 
+from broadcast.config import OriginConfig
 from broadcast.origin import Origin
 from broadcast.uplink_probe import HEADER, PROBE_BYTES, PROBE_PATH, probe_auth
 from swarm_common.keys import KeyPair
@@ -44,7 +45,7 @@ async def _timed_and_placed(tmp_path) -> None:
         await c.publish(1)
         await c.wait(lambda: c.holders(1) == set(RATES), 60, "every relay to hold v1")
         # The figures outlive the origin: one started on its directory (a resumed trainer's) has them.
-        again = Origin(tmp_path / "origin", c.key, fanout=2)
+        again = Origin(tmp_path / "origin", c.key, OriginConfig(fanout=2))
         await again.start()
         try:
             assert again.tracker and again.tracker.uploads.probed[urls["slow"]] == tr.uploads.probed[urls["slow"]]
