@@ -252,10 +252,10 @@ def test_a_member_is_sent_its_sources_only_when_they_change(tmp_path):
                 assert again.sources == [] and again.tag == first.tag
                 assert (await beat("0" * 16)).sources == first.sources  # another tag: the sources in full
             p = await lab.peer("p")  # a real peer keeps its sources across answers that leave them out
-            held = p.sources
-            await p._heartbeat_once()
-            await p._heartbeat_once()
-            assert p.sources is held and len(held) == p.trees and p._sources_tag  # not decoded again
+            held = p.tracker.sources
+            await p.tracker.heartbeat_once()
+            await p.tracker.heartbeat_once()
+            assert p.tracker.sources is held and len(held) == p.tracker.trees and p.tracker.sources_tag  # kept
 
     run(scenario())
 
