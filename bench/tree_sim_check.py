@@ -34,8 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     size, rate = int(args.size_mib * MiB), args.rate_mib * MiB
     args.fanout, args.piece = args.trees, args.piece_kib << 10
-    args.warmup_size, args.warmups, args.no_turns = size, 1, False  # the real peers take turns (serving.py)
-    args.next_ancestor = False  # and ask the parents the tracker gives after a dead one (sourcing.py)
+    args.warmup_size, args.warmups = size, 1
     args.no_probes, args.first_version_s = True, 3.0  # the bench's peers are fresh keys: the origin probes none
     print(f"S = {args.size_mib} MiB, B = {args.rate_mib} MiB/s per uplink (origin too), S/B = {size / rate:.2f} s, "
           f"pieces of {args.piece_kib} KiB, {args.trees} trees, window {args.window}")

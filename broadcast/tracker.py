@@ -8,28 +8,25 @@ shallowest first. Peers that can't relay (--no-relay, unreachable, or demoted) a
 Identities are free, so a fresh key is trusted with nothing: members with standing (keys the trainer calls
 established, and relays that have shown they upload) take the top of every tree and the first free slots;
 fresh relays form a heap of their own below them, serving only other fresh peers, until they show they
-upload. No fresh key ever sits between the origin and a peer with standing.
+upload. No fresh key ever sits between the origin and a peer with standing. Standing itself is
+standing.py's; bans are bans.py's; the time is the clock given (sans-I/O: the origin passes the `time`
+module, the simulator its own clock, so both drive this very object).
 """
 
 from __future__ import annotations
 
 import collections
+import datetime
 import secrets
-import time
 from dataclasses import dataclass, field
 
+from .bans import Bans, TrackerError
 from .layout import Layout, join_order_layout
-from .messages import ORIGIN, Banned, Join, Joined, PeerHeartbeat, PeerView, Received, TreeSources, TreeView
+from .messages import ORIGIN, Join, Joined, PeerHeartbeat, PeerView, Received, TreeSources, TreeView
 from .placement import Candidate, UploadMeter, measured_layout
+from .standing import Clock, ManualClock, Standing, uploaded
 
-MAX_BANNED = 10_000
-PENALTY_DECAY_S = 60.0  # one unconfirmed report forgiven per minute
-
-
-class TrackerError(Exception):
-    def __init__(self, status: int, msg: str, reason: str = "refused"):
-        super().__init__(msg)
-        self.status, self.reason = status, reason
+__all__ = ["PeerRec", "Tracker", "TrackerError"]
 
 
 @dataclass
@@ -42,7 +39,7 @@ class PeerRec:
     seq: int
     key: str = ""
     group: int | None = None
-    last_hb: float = field(default_factory=time.monotonic)
+    last_hb: float = 0.0  # when its last heartbeat (or its join) came
     complete: list[int] = field(default_factory=list)
     progress: dict[int, int] = field(default_factory=dict)
     strikes: int = 0
@@ -60,26 +57,25 @@ class PeerRec:
 
     @property
     def uploaded(self) -> int:
-        """Bytes it uploaded by both accounts: its own claim, capped by what children with standing saw."""
-        return min(self.served_bytes, sum(self.confirmed.values()))
+        return uploaded(self)
 
 
 class Tracker:
     def __init__(self, origin_url: str, trees: int, fanout: int, heartbeat_s: float = 2.0, *,
-                 max_peers: int = 1000, penalty_limit: float = 5.0, prove_bytes: int = 1 << 16):
+                 clock: Clock | None = None, max_peers: int = 1000, penalty_limit: float = 5.0,
+                 prove_bytes: int = 1 << 16):
+        """`clock`: monotonic() and time() (the `time` module; None: a ManualClock at 0, for tests)."""
         if trees < 1 or fanout < 1:
             raise ValueError("trees and fanout must be >= 1")
         self.origin_url, self.trees, self.fanout = origin_url, trees, fanout
         self.heartbeat_s = heartbeat_s
         self.dead_after = 3 * heartbeat_s + 1.0
-        self.max_peers, self.penalty_limit, self.prove_bytes = max_peers, penalty_limit, prove_bytes
+        self.clock = clock or ManualClock()
+        self.max_peers, self.penalty_limit = max_peers, penalty_limit
         self.peers: dict[str, PeerRec] = {}
-        self.banned: dict[str, Banned] = {}  # by peer_id (what a banned member's heartbeats are told)
-        self.banned_keys: dict[str, Banned] = {}
-        self.banned_urls: set[str] = set()  # served confirmed corrupt data from there (proven theirs)
-        self.trusted: set[str] = set()  # keys the trainer calls established
-        self.proven: set[str] = set()  # keys that have shown they upload
-        self.penalty: dict[str, tuple[float, float]] = {}  # key -> (unconfirmed-report points, at)
+        self._by_url: dict[str, PeerRec] = {}  # members by their relay address (every heartbeat looks up 64)
+        self.standing = Standing(self.clock, penalty_limit, prove_bytes)
+        self.bans = Bans(self.clock)
         self.refused: collections.Counter[str] = collections.Counter()
         self.events: collections.deque[str] = collections.deque(maxlen=200)
         self._seq = 0
@@ -87,9 +83,15 @@ class Tracker:
         self._layout: Layout | None = None  # this version's trees (broadcast/layout.py); None: lay out afresh
         self.uploads = UploadMeter()  # placement: children's reports of what each source uploaded
 
-    # -- standing -------------------------------------------------------------------------------------
+    # -- what standing.py decides, and what the layout does about it ---------------------------------------
+    trusted = property(lambda self: self.standing.trusted)
+    proven = property(lambda self: self.standing.proven)
+    banned = property(lambda self: self.bans.by_peer)
+    banned_keys = property(lambda self: self.bans.keys)
+    banned_urls = property(lambda self: self.bans.urls)
+
     def event(self, msg: str) -> None:
-        self.events.append(f"{time.strftime('%H:%M:%S')} {msg}")
+        self.events.append(f"{datetime.datetime.fromtimestamp(self.clock.time()):%H:%M:%S} {msg}")
 
     def count(self, reason: str, msg: str | None = None) -> None:
         self.refused[reason] += 1
@@ -97,40 +99,31 @@ class Tracker:
             self.event(msg)
 
     def points(self, key: str) -> float:
-        pts, at = self.penalty.get(key, (0.0, 0.0))
-        return max(0.0, pts - (time.monotonic() - at) / PENALTY_DECAY_S)
+        return self.standing.points(key)
 
     def penalize(self, key: str, why: str) -> None:
         """An unconfirmed report: it costs the reporter, never the accused."""
-        pts = self.points(key) + 1.0
-        self.penalty.pop(key, None)  # re-inserted last: the bound forgets the keys quiet the longest
-        self.penalty[key] = (pts, time.monotonic())
-        while len(self.penalty) > MAX_BANNED:
-            del self.penalty[next(iter(self.penalty))]
+        self.standing.penalize(key)
         self.count("unconfirmed_report", f"unconfirmed report by {key[:12]}: {why}")
 
     def has_standing(self, rec: PeerRec) -> bool:
-        """Its reports count: the trainer established its key, or it has shown it uploads, and it has not
-        made many reports the origin could not confirm."""
-        return (rec.key in self.trusted or rec.key in self.proven) and self.points(rec.key) <= self.penalty_limit - 1
+        return self.standing.has(rec.key)
 
     def set_trusted(self, key: str, trusted: bool = True) -> None:
-        if (key in self.trusted) == trusted:
+        if not self.standing.trust(key, trusted):
             return
-        (self.trusted.add if trusted else self.trusted.discard)(key)
         if trusted:
             self._relayout()
         elif any(p.key == key for p in self.peers.values()):
             self._layout = None  # it may sit above peers with standing: not even for the rest of a version
 
     def prove(self, rec: PeerRec, how: str) -> None:
-        if rec.key not in self.proven:
-            self.proven.add(rec.key)
+        if self.standing.prove(rec.key):
             self._relayout()
             self.event(f"{rec.peer_id} {rec.name} has shown it uploads ({how})")
 
     def _ranked(self, rec: PeerRec) -> bool:
-        return rec.key in self.trusted or rec.key in self.proven
+        return self.standing.ranked(rec.key)
 
     def _ranked_id(self, peer_id: str | None) -> bool:
         rec = self.peers.get(peer_id) if peer_id is not None else None
@@ -154,10 +147,8 @@ class Tracker:
     # -- membership -----------------------------------------------------------------------------------
     def check_admission(self, key: str, url: str | None) -> None:
         """Refusals that need no network: a banned key or address, a full tracker."""
-        if key in self.banned_keys:
-            raise TrackerError(403, f"key {key[:16]}... is banned: {self.banned_keys[key].reason}", "banned_key")
-        if url is not None and url in self.banned_urls:
-            raise TrackerError(403, f"{url} was removed for serving corrupt data", "banned_url")
+        if (refused := self.bans.refusal(key, url)) is not None:
+            raise refused
         if len(self.peers) >= self.max_peers and not any(p.key == key for p in self.peers.values()):
             self.reap()
             if len(self.peers) >= self.max_peers:
@@ -165,7 +156,8 @@ class Tracker:
 
     def url_holder(self, url: str, key: str) -> PeerRec | None:
         """The live member of another key holding `url`, if any."""
-        return next((p for p in self.peers.values() if p.url == url and p.key != key), None)
+        p = self._by_url.get(url)
+        return p if p is not None and p.key != key else None
 
     def join(self, msg: Join, *, key: str | None = None, url: str | None = None, reachable: bool | None = True,
              reach_error: str = "", observed_host: str = "") -> Joined:
@@ -181,10 +173,13 @@ class Tracker:
         self._seq += 1
         relay = msg.relay and url is not None
         rec = PeerRec(secrets.token_hex(8), secrets.token_hex(16), msg.name[:64], url, relay, self._seq, key,
-                      reachable=reachable if relay else None, reach_error=reach_error[:200])
+                      reachable=reachable if relay else None, reach_error=reach_error[:200],
+                      last_hb=self.clock.monotonic())
         if rec.interior_capable:
             rec.group = self._smallest_group()
         self.peers[rec.peer_id] = rec
+        if rec.url is not None:
+            self._by_url[rec.url] = rec
         self._repair("add", rec.peer_id)
         self.event(f"join {rec.peer_id} {rec.name} {rec.url or '(no relay)'} key={key[:12]} group={rec.group}"
                    + ("" if rec.reachable is not False else " (not reachable: leaf)"))
@@ -239,7 +234,7 @@ class Tracker:
 
     def heartbeat(self, msg: PeerHeartbeat, latest: int | None) -> TreeSources:
         rec = self.auth(msg.peer_id, msg.token)
-        rec.last_hb = time.monotonic()
+        rec.last_hb = self.clock.monotonic()
         rec.complete = sorted(msg.complete)[-64:]
         rec.progress = dict(list(msg.progress.items())[:64])
         rec.served_bytes = max(0, msg.served_bytes)
@@ -247,12 +242,8 @@ class Tracker:
             # What it received from each parent: evidence that parent uploads, if the parent says so too.
             for url, n in list(msg.received.items())[:64]:
                 src = self.by_url(url)
-                if src is not None and src is not rec and n > 0:
-                    src.confirmed[rec.key] = n
-                    if len(src.confirmed) > 256:
-                        del src.confirmed[next(iter(src.confirmed))]
-                    if src.uploaded >= self.prove_bytes:
-                        self.prove(src, f"{src.uploaded} bytes confirmed by its children")
+                if src is not None and src is not rec and n > 0 and self.standing.confirm(src, rec.key, n):
+                    self.prove(src, f"{src.uploaded} bytes confirmed by its children")
         # Placement by measured uplinks: a fresh key's numbers could be made up, so only standing counts.
         self._note_uploads(rec, msg.recent if self.has_standing(rec) else {}, latest)
         return TreeSources(latest, self.sources(rec.peer_id), rec.reachable)
@@ -261,6 +252,8 @@ class Tracker:
         rec = self.peers.pop(peer_id, None)
         if rec is None:
             return
+        if rec.url is not None and self._by_url.get(rec.url) is rec:
+            del self._by_url[rec.url]
         self._repair("remove", peer_id)
         if rec.group is not None:
             self._rebalance()
@@ -269,15 +262,7 @@ class Tracker:
     def ban(self, peer_id: str, reason: str, reporter: str) -> None:
         rec = self.peers.get(peer_id)
         url, key = (rec.url, rec.key) if rec else (None, "")
-        b = Banned(peer_id, url, reason, reporter, time.time(), key)
-        self.banned[peer_id] = b
-        if key:
-            self.banned_keys[key] = b
-        if url:
-            self.banned_urls.add(url)
-        for d in (self.banned, self.banned_keys):
-            while len(d) > MAX_BANNED:
-                del d[next(iter(d))]
+        self.bans.member(peer_id, url, key, reason, reporter)
         self.remove(peer_id, f"banned: {reason}")
 
     def ban_key(self, key: str, reason: str, by: str = "trainer") -> None:
@@ -286,7 +271,7 @@ class Tracker:
         for pid in members:
             self.ban(pid, reason, by)
         if not members:
-            self.banned_keys[key] = Banned("", None, reason, by, time.time(), key)
+            self.bans.key(key, reason, by)
         self.event(f"key {key[:12]} banned by {by}: {reason}")
 
     def demote(self, peer_id: str, why: str) -> None:
@@ -294,23 +279,29 @@ class Tracker:
         if rec and not rec.demoted:
             rec.demoted = True
             rec.group = None
-            self.proven.discard(rec.key)
+            self.standing.revoke(rec.key)
             self._repair("make_leaf", peer_id)
             self._rebalance()
             self.event(f"demote {peer_id} to leaf ({why})")
 
     def reap(self) -> list[str]:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         dead = [p.peer_id for p in self.peers.values() if now - p.last_hb > self.dead_after]
         for pid in dead:
             self.remove(pid, "heartbeat timeout")
         return dead
 
+    def reach_rechecks(self, every: float = 30.0, at_once: int = 2) -> list[PeerRec]:
+        """Relays found unreachable, due to be connected back to again (at most `at_once`, each `every` s)."""
+        now, due = self.clock.monotonic(), []
+        for rec in self.peers.values():
+            if rec.relay and rec.reachable is False and now - rec.rechecked > every and len(due) < at_once:
+                rec.rechecked = now
+                due.append(rec)
+        return due
+
     def by_url(self, url: str) -> PeerRec | None:
-        for p in self.peers.values():
-            if p.url == url:
-                return p
-        return None
+        return self._by_url.get(url)
 
     # -- topology -------------------------------------------------------------------------------------
     def topology(self) -> tuple[list[dict[str, str | None]], list[dict[str | None, list[str]]]]:
@@ -383,7 +374,7 @@ class Tracker:
 
     def view(self, latest: int | None, versions: list[int]) -> TreeView:
         parents, children = self.topology()
-        now = time.monotonic()
+        now = self.clock.monotonic()
         peers = [
             PeerView(
                 p.peer_id, p.name, p.url, p.relay, p.group, p.complete, p.progress, round(now - p.last_hb, 2),

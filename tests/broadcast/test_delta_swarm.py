@@ -38,8 +38,8 @@ async def install(c: Cluster, m, served, full_dir) -> None:
     o.versions[m.version] = VersionState(m, served, complete=True)
     o.full_dirs[m.version] = full_dir
     o.latest = m.version
-    async with o._new_version:
-        o._new_version.notify_all()
+    async with o.new_version:
+        o.new_version.notify_all()
 
 
 def test_deltas_flow_through_the_tree_and_rebuild_exactly(tmp_path):

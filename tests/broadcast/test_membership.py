@@ -13,12 +13,13 @@ import pytest
 from aiohttp import web
 from bc_helpers import make_version
 
+from broadcast import verdicts
+from broadcast.buckets import KeyedBuckets
 from broadcast.config import OriginConfig
 from broadcast.identity import reach_answer, sign_join
 from broadcast.messages import Join, Joined, PeerHeartbeat, ReachTest, TreeSources, TreeView
 from broadcast.origin import Origin
 from broadcast.peer import Peer, PeerConfig
-from broadcast.ratelimit import KeyedBuckets
 from swarm_common.http import start_site
 from swarm_common.keys import KeyPair
 from tests.conftest import free_port
@@ -197,7 +198,7 @@ def test_join_rate_limits_and_capacity(tmp_path):
             assert len(lab.origin.tracker.peers) == 8
             k = KeyPair.generate()  # one key joining again and again: at most its burst
             lab.origin.tracker.max_peers = 100
-            lab.origin._join_limit = KeyedBuckets(1000.0, 1000.0)  # only the per-key limit now
+            lab.origin.routes.join_limit = KeyedBuckets(1000.0, 1000.0)  # only the per-key limit now
             per_key = [(await post_join(lab.origin, sign_join(Join(None, False, "k"), k)))[0] for _ in range(6)]
             assert per_key.count(200) == 3 and per_key.count(429) == 3
             assert sum(p.key == k.public_hex for p in lab.origin.tracker.peers.values()) == 1
@@ -275,7 +276,7 @@ def test_bans_are_shared_with_the_trainer_both_ways(tmp_path):
             assert status == 403 and b"banned" in body
             seen = []
             lab.origin.on_ban = lambda key, reason: seen.append((key, reason))
-            lab.origin._judge.ban(lab.origin.tracker.peers.get("x") or _Rec(), "test", "t")
+            await lab.origin.judge.run(verdicts.ban(lab.origin.tracker, _Rec(), "test", "t"))  # confirmed corruption
             assert seen == [("cd" * 32, "test")]
 
     run(scenario())

@@ -9,7 +9,7 @@ from broadcast.placement import Candidate, UploadMeter, max_children, measured_l
 from broadcast.receive_meter import ReceiveMeter, sending_started
 from broadcast.tracker import Tracker
 from broadcast.tree_view import render
-from broadcast.uplink_probe import wants_probe
+from broadcast.uplink_plan import wants_probe
 
 Mbit = 1e6 / 8
 

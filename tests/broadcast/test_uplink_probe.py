@@ -85,13 +85,13 @@ def test_a_probe_is_given_up_when_a_version_gives_the_relay_children(tmp_path):
 
 async def _preempted(tmp_path) -> None:
     async with Cluster(tmp_path, fanout=2) as c:
-        assert c.origin and c.origin.tracker and c.origin._uplinks
-        tr, prober = c.origin.tracker, c.origin._uplinks
+        assert c.origin and c.origin.tracker and c.origin.uplinks
+        tr, prober = c.origin.tracker, c.origin.uplinks
         for name in ("b", "c"):  # fresh keys: they will hang below a, the only relay with standing
             await c.spawn(name)
         c.origin.set_standing(KeyPair.load_or_create(c.data_dir("a") / "relay.key").public_hex)
         await c.spawn("a", rate=0.15e6)  # a probe takes it 7 s
-        await c.wait(lambda: bool(prober._pending), 10, "the probe of a")
+        await c.wait(lambda: bool(prober.plan.pending), 10, "the probe of a")
         await asyncio.sleep(0.3)
         await c.publish(1)
         a = c.names()["a"]
