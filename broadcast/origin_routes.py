@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from aiohttp import web
@@ -25,7 +26,15 @@ from .tracker import TrackerError
 from .verdicts import ReportGate
 
 if TYPE_CHECKING:
-    from .origin import Origin
+    from swarm_common.keys import KeyPair
+
+    from .config import OriginConfig
+    from .judge import Judge, Prober
+    from .ratelimit import RateLimiter
+    from .release import InOrderRelease
+    from .serving import Turns
+    from .tracker import Tracker
+    from .uplink_probe import UplinkProber
 
 log = logging.getLogger("broadcast.origin")
 
@@ -34,8 +43,29 @@ def _json(obj, status: int = 200) -> web.Response:
     return web.Response(body=msgspec.json.encode(obj), status=status, content_type="application/json")
 
 
+class Served(Protocol):
+    """What the routes ask of the origin (origin.Origin): its tracker and judge, and the versions it serves."""
+
+    cfg: OriginConfig
+    keypair: KeyPair
+    trees: int
+    fanout: int
+    tracker: Tracker | None
+    judge: Judge | None
+    prober: Prober | None
+    uplinks: UplinkProber | None
+    latest: int | None
+    versions: dict[int, VersionState]
+    full_dirs: dict[int, Path]
+    order: dict[int, InOrderRelease]
+    turns: Turns
+    limiter: RateLimiter
+    new_version: asyncio.Condition
+    closing: bool
+
+
 class OriginRoutes:
-    def __init__(self, origin: Origin):
+    def __init__(self, origin: Served):
         self.origin = origin
         cfg = origin.cfg
         self.join_limit, self.key_limit = KeyedBuckets(*cfg.joins_per_address), KeyedBuckets(*cfg.joins_per_key)

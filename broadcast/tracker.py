@@ -1,7 +1,6 @@
-"""Tracker state: keyed membership, standing, liveness, and each peer's place in the k trees (SplitStream).
+"""The tracker: keyed membership and liveness, composed with standing (standing.py), bans (bans.py) and the
+k trees its members sit in (forest.py: SplitStream groups, the layout, placement by measured uplink).
 
-Piece i travels down tree i mod k. Every relay peer is interior in exactly one tree (its `group`) and a leaf
-in all the others, so each relay uploads about what it downloads: fanout f = k children x S/k bytes = S.
 Within a tree the group forms an f-ary heap under the origin; every other peer hangs off a free slot,
 shallowest first. Peers that can't relay (--no-relay, unreachable, or demoted) are leaves everywhere.
 
@@ -18,46 +17,14 @@ from __future__ import annotations
 import collections
 import datetime
 import secrets
-from dataclasses import dataclass, field
 
 from .bans import Bans, TrackerError
-from .layout import Layout, join_order_layout
-from .messages import ORIGIN, Join, Joined, PeerHeartbeat, PeerView, Received, TreeSources, TreeView
-from .placement import Candidate, UploadMeter, measured_layout
-from .standing import Clock, ManualClock, Standing, uploaded
+from .forest import Children, Forest, Parents
+from .messages import Join, Joined, PeerHeartbeat, PeerView, TreeSources, TreeView
+from .peer_rec import PeerRec
+from .standing import Clock, ManualClock, Standing
 
 __all__ = ["PeerRec", "Tracker", "TrackerError"]
-
-
-@dataclass
-class PeerRec:
-    peer_id: str
-    token: str
-    name: str
-    url: str | None
-    relay: bool
-    seq: int
-    key: str = ""
-    group: int | None = None
-    last_hb: float = 0.0  # when its last heartbeat (or its join) came
-    complete: list[int] = field(default_factory=list)
-    progress: dict[int, int] = field(default_factory=dict)
-    strikes: int = 0
-    reporters: set[str] = field(default_factory=set)  # keys with standing that reported it stalling
-    demoted: bool = False
-    reachable: bool | None = None
-    reach_error: str = ""
-    served_bytes: int = 0  # what it says it uploaded
-    confirmed: dict[str, int] = field(default_factory=dict)  # child key (with standing) -> bytes received
-    rechecked: float = 0.0  # when the origin last connected back to it (unreachable relays are re-checked)
-
-    @property
-    def interior_capable(self) -> bool:
-        return self.relay and self.url is not None and self.reachable is not False and not self.demoted
-
-    @property
-    def uploaded(self) -> int:
-        return uploaded(self)
 
 
 class Tracker:
@@ -79,9 +46,7 @@ class Tracker:
         self.refused: collections.Counter[str] = collections.Counter()
         self.events: collections.deque[str] = collections.deque(maxlen=200)
         self._seq = 0
-        self.latest: int | None = None  # the newest version, as the origin last said
-        self._layout: Layout | None = None  # this version's trees (broadcast/layout.py); None: lay out afresh
-        self.uploads = UploadMeter()  # placement: children's reports of what each source uploaded
+        self.forest = Forest(self.peers, trees, fanout, self._ranked)
 
     # -- what standing.py decides, and what the layout does about it ---------------------------------------
     trusted = property(lambda self: self.standing.trusted)
@@ -113,36 +78,17 @@ class Tracker:
         if not self.standing.trust(key, trusted):
             return
         if trusted:
-            self._relayout()
+            self.forest.relayout()
         elif any(p.key == key for p in self.peers.values()):
-            self._layout = None  # it may sit above peers with standing: not even for the rest of a version
+            self.forest.layout = None  # it may sit above peers with standing: not even for the rest of a version
 
     def prove(self, rec: PeerRec, how: str) -> None:
         if self.standing.prove(rec.key):
-            self._relayout()
+            self.forest.relayout()
             self.event(f"{rec.peer_id} {rec.name} has shown it uploads ({how})")
 
     def _ranked(self, rec: PeerRec) -> bool:
         return self.standing.ranked(rec.key)
-
-    def _ranked_id(self, peer_id: str | None) -> bool:
-        rec = self.peers.get(peer_id) if peer_id is not None else None
-        return rec is not None and self._ranked(rec)
-
-    # -- the layout: afresh when nothing is in flight, repaired in place while a version is ---------------
-    def in_flight(self) -> bool:
-        return self.latest is not None and any(self.latest not in p.complete for p in self.peers.values())
-
-    def _relayout(self) -> None:
-        """Something the layout depends on changed: lay out afresh, unless that would move peers mid-version."""
-        if not self.in_flight():
-            self._layout = None
-
-    def _repair(self, how: str, peer_id: str) -> None:
-        if self._layout is None or not self.in_flight():
-            self._layout = None
-        else:
-            getattr(self._layout, how)(peer_id, self._ranked_id)
 
     # -- membership -----------------------------------------------------------------------------------
     def check_admission(self, key: str, url: str | None) -> None:
@@ -176,11 +122,11 @@ class Tracker:
                       reachable=reachable if relay else None, reach_error=reach_error[:200],
                       last_hb=self.clock.monotonic())
         if rec.interior_capable:
-            rec.group = self._smallest_group()
+            rec.group = self.forest.smallest_group()
         self.peers[rec.peer_id] = rec
         if rec.url is not None:
             self._by_url[rec.url] = rec
-        self._repair("add", rec.peer_id)
+        self.forest.repair("add", rec.peer_id)
         self.event(f"join {rec.peer_id} {rec.name} {rec.url or '(no relay)'} key={key[:12]} group={rec.group}"
                    + ("" if rec.reachable is not False else " (not reachable: leaf)"))
         return Joined(rec.peer_id, rec.token, self.trees, self.heartbeat_s, rec.url, observed_host,
@@ -191,36 +137,15 @@ class Tracker:
             return
         rec.reachable, rec.reach_error = reachable, error[:200]
         if reachable and rec.interior_capable and rec.group is None:
-            rec.group = self._smallest_group()
-            self._relayout()
+            rec.group = self.forest.smallest_group()
+            self.forest.relayout()
         elif not reachable:
             if rec.group is not None:
                 rec.group = None
-                self._rebalance()
-            self._repair("make_leaf", rec.peer_id)
+                self.forest.rebalance()
+            self.forest.repair("make_leaf", rec.peer_id)
         self.event(f"{rec.peer_id} {rec.name} {'reachable again' if reachable else 'not reachable: leaf'}"
                    + (f" ({error})" if error else ""))
-
-    def _group_sizes(self) -> list[int]:
-        sizes = [0] * self.trees
-        for p in self.peers.values():
-            if p.group is not None:
-                sizes[p.group] += 1
-        return sizes
-
-    def _smallest_group(self) -> int:
-        sizes = self._group_sizes()
-        return sizes.index(min(sizes))
-
-    def _rebalance(self) -> None:
-        """After a departure, move the newest member of the largest group to the smallest one."""
-        while True:
-            sizes = self._group_sizes()
-            if max(sizes) - min(sizes) <= 1:
-                return
-            big, small = sizes.index(max(sizes)), sizes.index(min(sizes))
-            mover = max((p for p in self.peers.values() if p.group == big), key=lambda p: p.seq)
-            mover.group = small
 
     def auth(self, peer_id: str, token: str) -> PeerRec:
         if peer_id in self.banned:
@@ -245,7 +170,7 @@ class Tracker:
                 if src is not None and src is not rec and n > 0 and self.standing.confirm(src, rec.key, n):
                     self.prove(src, f"{src.uploaded} bytes confirmed by its children")
         # Placement by measured uplinks: a fresh key's numbers could be made up, so only standing counts.
-        self._note_uploads(rec, msg.recent if self.has_standing(rec) else {}, latest)
+        self.forest.note_uploads(rec, msg.recent if self.has_standing(rec) else {}, latest)
         return TreeSources(latest, self.sources(rec.peer_id), rec.reachable)
 
     def remove(self, peer_id: str, why: str) -> None:
@@ -254,9 +179,9 @@ class Tracker:
             return
         if rec.url is not None and self._by_url.get(rec.url) is rec:
             del self._by_url[rec.url]
-        self._repair("remove", peer_id)
+        self.forest.repair("remove", peer_id)
         if rec.group is not None:
-            self._rebalance()
+            self.forest.rebalance()
         self.event(f"remove {peer_id} {rec.name} ({why})")
 
     def ban(self, peer_id: str, reason: str, reporter: str) -> None:
@@ -280,8 +205,8 @@ class Tracker:
             rec.demoted = True
             rec.group = None
             self.standing.revoke(rec.key)
-            self._repair("make_leaf", peer_id)
-            self._rebalance()
+            self.forest.repair("make_leaf", peer_id)
+            self.forest.rebalance()
             self.event(f"demote {peer_id} to leaf ({why})")
 
     def reap(self) -> list[str]:
@@ -303,74 +228,23 @@ class Tracker:
     def by_url(self, url: str) -> PeerRec | None:
         return self._by_url.get(url)
 
-    # -- topology -------------------------------------------------------------------------------------
-    def topology(self) -> tuple[list[dict[str, str | None]], list[dict[str | None, list[str]]]]:
+    # -- the trees (forest.py) ----------------------------------------------------------------------------
+    uploads = property(lambda self: self.forest.uploads)
+    latest = property(lambda self: self.forest.latest)
+
+    def topology(self) -> tuple[Parents, Children]:
         """Per tree: parent of each peer (None = origin) and children of each node (None key = origin)."""
-        if self._layout is None:
-            ordered = sorted(self.peers.values(), key=lambda p: p.seq)
-            if self.uploads.placed or self.uploads.probed:
-                self._layout = self._measured_layout(ordered)
-            else:
-                self._layout = join_order_layout(
-                    [(p.peer_id, p.group if p.interior_capable else None, self._ranked(p)) for p in ordered],
-                    self.trees, self.fanout)
-        return self._layout.topology()
-
-    # -- placement by measured uplink (broadcast/placement.py) -----------------------------------------------
-    def _note_uploads(self, rec: PeerRec, received: dict[str, Received], latest: int | None) -> None:
-        if latest is not None and latest != self.latest:
-            self.latest = latest
-            self._layout = None  # a new version: a fresh layout, repaired in place until it is everywhere
-        if latest is not None and latest != self.uploads.epoch:
-            live = {p.url for p in self.peers.values() if p.url} | {ORIGIN}
-            if self.uploads.new_epoch(latest, live):
-                for p in self.peers.values():
-                    # A stall report blames the relay a child waited on, often the victim of a slow one above
-                    # it; once uplinks are measured, the new layout decides again (a real staller re-earns it).
-                    if p.demoted and p.url in self.uploads.placed:
-                        p.demoted = False
-                        p.reporters.clear()
-        if received:
-            self.uploads.note(received, rec.key)
-
-    def probed(self, rec: PeerRec, rate: float) -> None:
-        """The origin timed a download from this relay (broadcast/uplink_probe.py): the next layout uses it."""
-        self.uploads.note_probe(rec.url or "", rate)
-        self._relayout()
-
-    def _measured_layout(self, ordered: list[PeerRec]) -> Layout:
-        """Peers with standing (or a measured uplink) are laid out by uplink; fresh keys are leaves in the
-        spare places: they may not size the trees (24 fresh relays that never downloaded made the honest
-        relays' tree nearly a star, and their versions 2.8x slower)."""
-        up = self.uploads
-        sized = {p.peer_id for p in ordered if self._ranked(p) or p.url in up.placed}
-        keep, fresh = [p for p in ordered if p.peer_id in sized], [p for p in ordered if p.peer_id not in sized]
-        cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, up.uplink(p.url) if p.url else None)
-                 for p in keep]
-        group, parents, children, caps = measured_layout(cands, self.trees, self.fanout,
-                                                         up.placed.get(ORIGIN), len(fresh))
-        for p in keep:
-            p.group = group[p.peer_id]
-        layout = Layout(parents, children, caps)
-        for p in fresh:
-            layout.add(p.peer_id, self._ranked_id)
-        return layout
+        return self.forest.topology()
 
     def sources(self, peer_id: str) -> list[list[str]]:
-        """For each tree, the chain of ancestor URLs, parent first; the origin above them is left out: each
-        peer reaches it at its own tracker URL (the origin's bind address may be 0.0.0.0)."""
-        parents, _ = self.topology()
-        out = []
-        for t in range(self.trees):
-            chain: list[str] = []
-            cur = parents[t].get(peer_id)
-            while cur is not None and len(chain) < 64:
-                url = self.peers[cur].url
-                if url:
-                    chain.append(url)
-                cur = parents[t].get(cur)
-            out.append(chain)
-        return out
+        return self.forest.sources(peer_id)
+
+    def in_flight(self) -> bool:
+        return self.forest.in_flight()
+
+    def probed(self, rec: PeerRec, rate: float) -> None:
+        """The origin timed a download from this relay (uplink_plan.py): the next layout uses it."""
+        self.forest.probed(rec, rate)
 
     def view(self, latest: int | None, versions: list[int]) -> TreeView:
         parents, children = self.topology()

@@ -23,11 +23,11 @@ from broadcast.sourcing import Try
 from .peers import RaceState, Req, SimPeer
 
 if TYPE_CHECKING:
-    from .swarm import Swarm
+    from .world import World
 
 
 class Fetching:
-    def __init__(self, sw: Swarm):
+    def __init__(self, sw: World):
         self.sw = sw
         self.gave_up = 0  # pieces a real peer would have given up (its download fails and starts again)
 

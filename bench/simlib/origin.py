@@ -33,7 +33,7 @@ from broadcast.verdicts import (
 from .engine import Host, Sim, Xfer
 
 if TYPE_CHECKING:
-    from .swarm import Swarm
+    from .world import World
 
 
 class SimClock:
@@ -50,7 +50,7 @@ class SimClock:
 
 
 class SimOrigin:
-    def __init__(self, sw: Swarm, host: Host, cfg: OriginConfig, probes: bool = True):
+    def __init__(self, sw: World, host: Host, cfg: OriginConfig, probes: bool = True):
         self.sw, self.host, self.cfg = sw, host, cfg
         self.url = ORIGIN
         self.tracker = Tracker(ORIGIN, cfg.n_trees, cfg.fanout, cfg.heartbeat_s, clock=SimClock(sw.sim),

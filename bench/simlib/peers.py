@@ -25,7 +25,7 @@ from broadcast.turns import TurnQueue, turn_key
 from .engine import Host, Xfer
 
 if TYPE_CHECKING:
-    from .swarm import Swarm
+    from .world import World
 
 
 class Req:
@@ -51,7 +51,7 @@ class RaceState:
 
 
 class SimPeer:
-    def __init__(self, idx: int, host: Host, sw: Swarm):
+    def __init__(self, idx: int, host: Host, sw: World):
         self.idx, self.host, self.sw = idx, host, sw
         self.url = f"http://p{idx}:1"
         self.book = SourceBook(sw.peer_cfg)

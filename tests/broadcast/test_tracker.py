@@ -35,7 +35,7 @@ def test_splitstream_layout(n):
     for i in range(n):
         tr.join(Join(f"http://127.0.0.1:{2000 + i}", True, f"p{i}"))
     _check(tr)
-    sizes = tr._group_sizes()
+    sizes = tr.forest.group_sizes()
     assert max(sizes) - min(sizes) <= 1
     if n % 4 == 0:
         # the floor case: every relay uploads S (k children x S/k), the origin only k heads
@@ -52,7 +52,7 @@ def test_removal_rebalances_and_non_relays_are_leaves():
     tr.remove(ids[0], "test")
     tr.remove(ids[2], "test")
     _check(tr)
-    sizes = tr._group_sizes()
+    sizes = tr.forest.group_sizes()
     assert max(sizes) - min(sizes) <= 1
     _, children = tr.topology()
     assert not any(children[t].get(leaf) for t in range(2))
