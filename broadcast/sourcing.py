@@ -14,6 +14,7 @@ The aiohttp peer (fetcher.py) and the simulator (bench/simlib) both feed this ve
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .config import PeerConfig
@@ -68,7 +69,7 @@ class SourceBook:
     # -- which source ----------------------------------------------------------------------------------
     def chain(self, relays: list[str], now: float) -> list[str]:
         """The sources to ask, in order: the relays above us in the piece's tree not avoided, the origin last."""
-        return [u for u in relays if u != ORIGIN and self.avoid.get(u, 0.0) < now] + [ORIGIN]
+        return [u for u in relays if u != ORIGIN and self.avoid.get(u, -math.inf) < now] + [ORIGIN]
 
     def deadline(self) -> float:
         """How long a source may leave us unanswered before the next ancestor is asked too: the first-byte
