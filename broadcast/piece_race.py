@@ -92,11 +92,8 @@ class PieceRace:
                 self._avoid_quietly(tr, now)
                 return None
             reason, detail = "stall", f"no data for {self.book.cfg.stall_timeout}s"
-        elif how == "cut":  # not reported: the tracker would find it alive and well
-            tr.outcome = "failed"
-            self.book.put_off(src, now, AVOID_S)
-            log.info("%s cut a piece short (%s); trying elsewhere", src, detail)
-            return None
+        elif how == "cut":  # after the answer: it gave up holding the piece, or it died (mostly: a closed socket)
+            reason, detail = "dead", f"cut short after its answer ({detail})" if detail else "cut short after its answer"
         tr.outcome = "failed"
         if src == ORIGIN:
             return None

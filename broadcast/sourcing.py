@@ -125,29 +125,29 @@ class SourceBook:
     def silent(self, tr: Try, now: float) -> float:
         """0 when this try counts as silent, else a time to look again. Unanswered: its source has not been
         heard from, on any request, for the answer deadline (a parent streaming us other pieces is alive,
-        however long a new connection's answer waits in its uplink queue). Answered: its source has sent no
-        bytes for the answer deadline and either IDLE_ROUNDS pieces per tree came from elsewhere meanwhile,
-        or IDLE_ROUNDS of our usual piece latencies passed."""
+        however long a new connection's answer waits in its uplink queue). Answered: judged by this piece's
+        own progress, never sooner than the answer deadline: silent once IDLE_ROUNDS pieces per tree came
+        from elsewhere while it was asked for, or once it has taken IDLE_ROUNDS of our usual piece latencies
+        (held, then streamed). Bytes are not progress: a source that trickles this piece, or others, at a
+        fraction of the usual rate held a whole subtree back (docs/tree-simulation.md)."""
         if not tr.answered:
             return max(0.0, max(tr.started, self.last_heard.get(tr.src, 0.0)) + self.deadline() - now)
-        since, count = max((tr.started, tr.pieces_at_start), self.last_bytes.get(tr.src, (0.0, 0)))
-        if (left := since + self.deadline() - now) > 0:  # never sooner than had it not answered
+        if (left := tr.started + self.deadline() - now) > 0:  # never sooner than had it not answered
             return left
-        if self.pieces_in - count >= IDLE_ROUNDS * self.trees:
+        if self.pieces_in - tr.pieces_at_start >= IDLE_ROUNDS * self.trees:
             return 0.0
         limit = self.cfg.stall_timeout if self.latency_s is None else IDLE_ROUNDS * self.latency_s
-        left = since + limit - now
+        left = tr.started + limit - now
         return 0.0 if left <= 0 else min(left, POLL_S)
 
     def still_silent(self, tr: Try, now: float) -> bool:
-        """Silent now, or gone around as silent and not heard from since. The verdict at the bypass stands:
-        the yardsticks move while the race goes on (the winner's own answer time raises the deadline on a
-        loaded machine), and a source silent then and since is silent."""
+        """Silent now, or gone around as silent (an answered one: it had not delivered by then; an
+        unanswered one: not heard from since). The verdict at the bypass stands: the yardsticks move while
+        the race goes on (the winner's own answer time raises the deadline on a loaded machine)."""
         if tr.gone_around_at:
-            # Answered by then: silent means no bytes; unanswered: not even an answer.
-            answered_by_then = tr.answered and tr.answered_at <= tr.gone_around_at
-            last = self.last_bytes.get(tr.src, (0.0, 0))[0] if answered_by_then else self.last_heard.get(tr.src, 0.0)
-            if last < tr.gone_around_at:
+            if tr.answered and tr.answered_at <= tr.gone_around_at:
+                return True
+            if self.last_heard.get(tr.src, 0.0) < tr.gone_around_at:
                 return True
         return self.silent(tr, now) == 0
 
