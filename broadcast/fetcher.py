@@ -24,6 +24,13 @@ from .tracker_client import TrackerClient
 
 log = logging.getLogger("broadcast.peer")
 RECV_CHUNK = 1 << 20  # a piece arrives in a few reads, not one per 64 KiB
+HASH_INLINE = 256 << 10  # smaller pieces are hashed on the loop: a thread's hand-off cost more than the hash
+
+
+async def _verified(ref: PieceRef, data: bytes) -> bool:
+    """Hashed in a thread when large (hashlib lets go of the GIL: the loop goes on receiving meanwhile); a
+    32 KiB piece's hash takes ~0.06 ms, its hand-off to a thread ~0.5 ms of the loop's time."""
+    return ref.matches(data) if len(data) <= HASH_INLINE else await asyncio.to_thread(ref.matches, data)
 
 
 class PieceFetcher:
@@ -114,8 +121,7 @@ class PieceFetcher:
                     buf, sent_from = await self._body(tr, r, ref)
                     if len(buf) != ref.size:
                         how, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"
-                    # Hashing in a thread (hashlib lets go of the GIL): the loop goes on receiving meanwhile.
-                    elif not await asyncio.to_thread(ref.matches, buf):
+                    elif not await _verified(ref, buf):
                         how, detail = "corrupt", "sha256 mismatch"
                     else:
                         self.book.piece_in(tr, ref.size, time.monotonic(), sent_from)

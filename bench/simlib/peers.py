@@ -152,16 +152,23 @@ class SimPeer:
             sw.sim.after(2 * there, self._ask_manifest, v, pos + 1)
         elif src.version == v:
             sw.sim.after(2 * there, self._manifest_in, v)
-        else:  # it holds our request until it has the manifest itself
-            src.manifest_waiters.append((self, v, there))
+        else:  # it holds our request until it has the manifest itself; we wait as downloads.py's timeout says
+            wait = [self, v, there, pos]
+            src.manifest_waiters.append(wait)
+            sw.sim.after(there + 2 * sw.peer_cfg.first_byte_timeout, self._manifest_late, src, wait)
+
+    def _manifest_late(self, src: SimPeer, wait: list) -> None:
+        if wait in src.manifest_waiters:  # no answer in time (or it went away): the next one up
+            src.manifest_waiters.remove(wait)
+            self._ask_manifest(wait[1], wait[3] + 1)
 
     def _manifest_in(self, v: int) -> None:
         sw = self.sw
         if not self.host.alive or self.version != v:
             return
-        for child, cv, there in self.manifest_waiters:
+        for child, cv, there, _ in self.manifest_waiters:
             if cv == v:
-                sw.sim.after(2 * there, child._manifest_in, v)
+                sw.sim.after(there, child._manifest_in, v)
         self.manifest_waiters.clear()
         n = len(self.have)
         self.queues = [collections.deque(i for i in range(t, n, sw.trees) if not self.have[i])
@@ -204,6 +211,8 @@ class SimPeer:
             sw.pending -= 1
         for req in list(self.serving):
             sw.fetch.cut(req)
+        for wait in list(self.manifest_waiters):  # their manifest requests are cut short: the next one up
+            sw.sim.after(wait[2], wait[0]._manifest_late, self, wait)
         self.held.clear()
         for x in list(self.host.outs) + list(self.host.ins):
             sw.net.cancel(x)
