@@ -251,7 +251,8 @@ class Tracker:
         now = self.clock.monotonic()
         peers = [
             PeerView(
-                p.peer_id, p.name, p.url, p.relay, p.group, p.complete, p.progress, round(now - p.last_hb, 2),
+                # One that nobody can reach is a download-only leaf, and shown so (it asked to relay).
+                p.peer_id, p.name, p.url, p.relay and p.reachable is not False, p.group, p.complete, p.progress, round(now - p.last_hb, 2),
                 p.strikes, [parents[t].get(p.peer_id) for t in range(self.trees)],
                 [children[t].get(p.peer_id, []) for t in range(self.trees)],
                 key=p.key, reachable=p.reachable, reach_error=p.reach_error, standing=self.has_standing(p),

@@ -6,6 +6,7 @@ import pytest
 
 from broadcast.messages import Join
 from broadcast.tracker import Tracker
+from broadcast.tree_view import render
 
 
 def _check(tr: Tracker) -> None:
@@ -119,6 +120,8 @@ def test_unconfirmed_reports_cost_the_reporter_and_unreachable_is_a_leaf():
     assert not tr.has_standing(rec)
     tr.set_reachable(rec, False, "connect-back failed")
     assert rec.group is None and not rec.interior_capable
+    (pv,) = tr.view(None, []).peers  # /tree, `swarm tree` and the web view: a download-only leaf
+    assert not pv.relay and pv.reachable is False and "download-only" in render(tr.view(None, []))
     _, children = tr.topology()
     assert not any(children[t].get(rec.peer_id) for t in range(2))
     tr.set_reachable(rec, True)
