@@ -61,12 +61,16 @@ class OriginConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     full_every: int = 10
     upload_rate: float = 0.0  # bytes/s the origin may send (0: the link's own limit)
     joins_per_address: tuple[float, float] = (4.0, 64.0)  # joins accepted per source address: rate/s, burst
+    joins_per_prefix: tuple[float, float] = (4.0, 128.0)  # per /24 or /64 (not for keys with standing)
     joins_per_key: tuple[float, float] = (0.2, 3.0)  # and per key
+    # The share of max_peers kept for keys with standing (established by the trainer, or shown they upload):
+    # fresh keys fill at most the rest, so a flood of them cannot keep an established node out.
+    reserved_share: float = 0.2
 
     def __post_init__(self) -> None:
         if self.fanout < 1 or self.trees < 0 or self.piece_bytes < 0 or self.heartbeat_s <= 0:
             raise ValueError(f"implausible origin config: {self}")
-        if self.max_peers < 1 or self.full_every < 1 or self.upload_rate < 0:
+        if self.max_peers < 1 or self.full_every < 1 or self.upload_rate < 0 or not 0 <= self.reserved_share < 1:
             raise ValueError("max_peers and full_every must be >= 1")
 
     @property

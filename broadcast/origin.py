@@ -76,7 +76,7 @@ class Origin:
         self._runner, self.port = await start_site(self.routes.app(), self.host, self.port, shutdown_timeout=1.0)
         self._url = f"http://{self.host}:{self.port}"
         self.tracker = Tracker(self._url, self.trees, self.fanout, self.cfg.heartbeat_s, clock=time,
-                               max_peers=self.cfg.max_peers)
+                               max_peers=self.cfg.max_peers, reserved_share=self.cfg.reserved_share)
         for key in self._trusted:
             self.tracker.set_trusted(key)
         self.tracker.uploads.restore(self.root_dir / UPLINKS_FILE)  # a restarted trainer's swarm: no re-probing

@@ -15,6 +15,7 @@ import msgspec
 from aiohttp import web
 
 from .addresses import advertised_url, is_private, relay_url
+from .admission import JoinGate
 from .buckets import KeyedBuckets
 from .delta_publish import serve_file
 from .identity import JOIN_SKEW_S, check_join
@@ -68,7 +69,7 @@ class OriginRoutes:
     def __init__(self, origin: Served):
         self.origin = origin
         cfg = origin.cfg
-        self.join_limit, self.key_limit = KeyedBuckets(*cfg.joins_per_address), KeyedBuckets(*cfg.joins_per_key)
+        self.joins = JoinGate(cfg)
         self.reports = ReportGate()
         self.doctor_limit = KeyedBuckets(0.5, 3.0)
         # once an interval, and at once after a report or a version: more only costs the trainer's CPU
@@ -119,8 +120,7 @@ class OriginRoutes:
             raise TrackerError(400, str(e), code) from None
 
     def _check_signed(self, msg: Join, src: str) -> None:
-        if wait := self.join_limit.take(src, time.monotonic()):
-            raise TrackerError(429, f"too many joins from {src}: retry in {wait:.1f}s", "rate_limited")
+        self.joins.address(src, time.monotonic())
         if why := check_join(msg):
             raise TrackerError(403 if why == "bad signature" else 400, f"join refused: {why}",
                                "bad_signature" if why == "bad signature" else "bad_join")
@@ -130,8 +130,8 @@ class OriginRoutes:
         if len(self.nonces) > 50_000:
             self.nonces = {n: t for n, t in self.nonces.items() if t > now}
         self.nonces[msg.nonce] = now + 2 * JOIN_SKEW_S
-        if wait := self.key_limit.take(msg.key, time.monotonic()):
-            raise TrackerError(429, f"too many joins by key {msg.key[:16]}...: retry in {wait:.1f}s", "rate_limited")
+        assert self.origin.tracker
+        self.joins.signed(src, msg.key, self.origin.tracker.standing.ranked(msg.key), now)
 
     async def _join(self, request: web.Request) -> web.Response:
         src = request.remote or "?"

@@ -29,8 +29,8 @@ __all__ = ["PeerRec", "Tracker", "TrackerError"]
 
 class Tracker:
     def __init__(self, origin_url: str, trees: int, fanout: int, heartbeat_s: float = 2.0, *,
-                 clock: Clock | None = None, max_peers: int = 1000, penalty_limit: float = 5.0,
-                 prove_bytes: int = 1 << 16):
+                 clock: Clock | None = None, max_peers: int = 1000, reserved_share: float = 0.0,
+                 penalty_limit: float = 5.0, prove_bytes: int = 1 << 16):
         """`clock`: monotonic() and time() (the `time` module; None: a ManualClock at 0, for tests)."""
         if trees < 1 or fanout < 1:
             raise ValueError("trees and fanout must be >= 1")
@@ -39,6 +39,7 @@ class Tracker:
         self.dead_after = 3 * heartbeat_s + 1.0
         self.clock = clock or ManualClock()
         self.max_peers, self.penalty_limit = max_peers, penalty_limit
+        self.fresh_room = max_peers - int(reserved_share * max_peers)  # places fresh keys may fill
         self.peers: dict[str, PeerRec] = {}
         self._by_url: dict[str, PeerRec] = {}  # members by their relay address (every heartbeat looks up 64)
         self.standing = Standing(self.clock, penalty_limit, prove_bytes)
@@ -95,10 +96,19 @@ class Tracker:
         """Refusals that need no network: a banned key or address, a full tracker."""
         if (refused := self.bans.refusal(key, url)) is not None:
             raise refused
-        if len(self.peers) >= self.max_peers and not any(p.key == key for p in self.peers.values()):
+        if any(p.key == key for p in self.peers.values()):
+            return  # a rejoin replaces its own place
+        ranked = self.standing.ranked(key)
+        if len(self.peers) >= self.max_peers or not ranked and self._fresh() >= self.fresh_room:
             self.reap()
             if len(self.peers) >= self.max_peers:
                 raise TrackerError(503, f"the tracker holds its maximum of {self.max_peers} peers", "full")
+            if not ranked and self._fresh() >= self.fresh_room:
+                raise TrackerError(503, f"the places left ({self.max_peers - len(self.peers)}) are kept for keys with "
+                                   "standing: try again later", "full_for_fresh_keys")
+
+    def _fresh(self) -> int:
+        return sum(not self.standing.ranked(p.key) for p in self.peers.values())
 
     def url_holder(self, url: str, key: str) -> PeerRec | None:
         """The live member of another key holding `url`, if any."""

@@ -190,15 +190,15 @@ def test_a_url_is_held_by_one_key(tmp_path):
 
 def test_join_rate_limits_and_capacity(tmp_path):
     async def scenario():
-        async with Lab(tmp_path, max_peers=8, joins_per_address=(1.0, 20.0)) as lab:
+        async with Lab(tmp_path, max_peers=8, joins_per_address=(1.0, 20.0), reserved_share=0.0) as lab:
             codes = []
             for i in range(40):
                 codes.append((await post_join(lab.origin, sign_join(Join(None, False, f"f{i}"), KeyPair.generate())))[0])
             assert codes.count(200) == 8 and codes.count(503) >= 10 and codes.count(429) >= 15
             assert len(lab.origin.tracker.peers) == 8
             k = KeyPair.generate()  # one key joining again and again: at most its burst
-            lab.origin.tracker.max_peers = 100
-            lab.origin.routes.join_limit = KeyedBuckets(1000.0, 1000.0)  # only the per-key limit now
+            lab.origin.tracker.max_peers = lab.origin.tracker.fresh_room = 100
+            lab.origin.routes.joins.per_address = KeyedBuckets(1000.0, 1000.0)  # only the per-key limit now
             per_key = [(await post_join(lab.origin, sign_join(Join(None, False, "k"), k)))[0] for _ in range(6)]
             assert per_key.count(200) == 3 and per_key.count(429) == 3
             assert sum(p.key == k.public_hex for p in lab.origin.tracker.peers.values()) == 1
