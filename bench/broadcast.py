@@ -39,7 +39,7 @@ MiB = 1 << 20
 # tree / star: a worker process hosting several peers
 # ---------------------------------------------------------------------------------------------------------
 async def _peer_worker(args: argparse.Namespace) -> None:
-    from broadcast.peer import Peer
+    from broadcast.peer import Peer, PeerConfig
 
     logging.basicConfig(level=logging.WARNING)
     peers = []
@@ -52,9 +52,9 @@ async def _peer_worker(args: argparse.Namespace) -> None:
         return cb
 
     for i in args.indices:
-        p = Peer(args.tracker, Path(args.dir) / f"p{i}", bytes.fromhex(args.key), relay=not args.no_relay,
-                 host=args.bind, upload_rate=args.rate or None, name=f"p{i}", on_version=on_done(i), window=args.window,
-                 stall_timeout=60)
+        cfg = PeerConfig(relay=not args.no_relay, relay_host=args.bind, upload_rate=args.rate or 0.0, name=f"p{i}",
+                         window=args.window, stall_timeout=60)
+        p = Peer(args.tracker, Path(args.dir) / f"p{i}", bytes.fromhex(args.key), cfg, on_version=on_done(i))
         await p.start()
         peers.append(p)
     ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -75,13 +75,14 @@ async def _read_lines(proc: asyncio.subprocess.Process, sink: list[str]) -> None
 
 async def run_ours(mode: str, n: int, size: int, rate: float, piece: int, trees: int, workers: int,
                    window: int, tmp: Path, timeout: float) -> dict:
+    from broadcast.config import OriginConfig
     from broadcast.origin import Origin
     from swarm_common.keys import KeyPair
 
     kp = KeyPair.generate()
     root = tmp / f"{mode}{n}"
-    origin = Origin(root / "origin", kp, fanout=trees, upload_rate=rate, piece_size=piece,
-                    heartbeat_interval=1.0)
+    origin = Origin(root / "origin", kp, OriginConfig(fanout=trees, upload_rate=rate, piece_bytes=piece,
+                                                      heartbeat_s=1.0))
     await origin.start()
     procs, lines = [], []
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)

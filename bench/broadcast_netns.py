@@ -117,13 +117,14 @@ def wait_for(cond, timeout: float, what: str, procs: list[Proc]) -> None:
 # ---------------------------------------------------------------------------------------------------------
 def origin_role(args: argparse.Namespace) -> None:
     """Our origin+tracker on its host: prints READY, publishes on 'go' (T0 just before), stops on 'stop'."""
+    from broadcast.config import OriginConfig
     from broadcast.origin import Origin
     from swarm_common.keys import KeyPair
 
     async def main() -> None:
         d = Path(args.dir)
-        o = Origin(d, KeyPair.load_or_create(d / "key"), host=args.bind, port=PORT, fanout=args.trees,
-                   piece_size=args.piece_kib << 10, heartbeat_interval=1.0)
+        o = Origin(d, KeyPair.load_or_create(d / "key"), OriginConfig(
+            fanout=args.trees, piece_bytes=args.piece_kib << 10, heartbeat_s=1.0), host=args.bind, port=PORT)
         await o.start()
         vdir = d / "v1"
         vdir.mkdir(parents=True, exist_ok=True)

@@ -121,7 +121,7 @@ def make_versions(model_dir: Path, work: Path, steps: int, keep_first: int, seed
 # the tree: relays as processes, several peers to a process
 # ---------------------------------------------------------------------------------------------------------
 async def _relay_worker(args: argparse.Namespace) -> None:
-    from broadcast.peer import Peer
+    from broadcast.peer import Peer, PeerConfig
 
     logging.basicConfig(level=logging.WARNING)
     peers = []
@@ -129,8 +129,8 @@ async def _relay_worker(args: argparse.Namespace) -> None:
         async def done(version: int, path: Path, i=i) -> None:
             print(f"DONE {i} {version} {time.time():.6f} {path}", flush=True)
 
-        p = Peer(args.tracker, Path(args.dir) / f"r{i}", bytes.fromhex(args.key), upload_rate=args.rate,
-                 name=f"r{i}", on_version=done, stall_timeout=120)
+        p = Peer(args.tracker, Path(args.dir) / f"r{i}", bytes.fromhex(args.key),
+                 PeerConfig(upload_rate=args.rate, name=f"r{i}", stall_timeout=120), on_version=done)
         await p.start()
         peers.append(p)
     print("READY", flush=True)
@@ -140,12 +140,13 @@ async def _relay_worker(args: argparse.Namespace) -> None:
 
 
 async def broadcast(versions: list[Path], n: int, rate: float, tmp: Path, procs_n: int = 2) -> list[dict]:
+    from broadcast.config import OriginConfig
     from broadcast.origin import Origin
     from swarm_common.keys import KeyPair
 
     kp = KeyPair.generate()
-    origin = Origin(tmp / "origin", kp, fanout=2, upload_rate=rate, piece_size=1 << 20, heartbeat_interval=1.0,
-                    full_every=10**9, keep=3)
+    origin = Origin(tmp / "origin", kp, OriginConfig(fanout=2, upload_rate=rate, piece_bytes=1 << 20,
+                                                   heartbeat_s=1.0, full_every=10**9), keep=3)
     await origin.start()
     procs, lines = [], []
 

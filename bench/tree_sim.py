@@ -32,9 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.simlib.engine import Host, Sim  # noqa: E402
 from bench.simlib.fluid import shardcast, star  # noqa: E402
 from bench.simlib.links import DISTRIBUTIONS, Link, Mbit, draw, fluid_bound  # noqa: E402
-from bench.simlib.swarm import SimPeer, Swarm, simulated_time  # noqa: E402
+from bench.simlib.swarm import Swarm  # noqa: E402
+from broadcast.config import OriginConfig, PeerConfig  # noqa: E402
 from broadcast.delta_publish import delta_piece_size  # noqa: E402
 
+ORIGIN, PEER = OriginConfig(), PeerConfig()  # the defaults: the tree's own
 MB = 1e6
 
 
@@ -53,56 +55,55 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
     sim = Sim()
     o = Host("origin", origin.up, origin.down, origin.lat)
     rng = random.Random(seed + 7)
-    with simulated_time(sim):
-        sw = Swarm(sim, o, args.trees, args.fanout, args.piece, args.window, report_uploads=measured,
-                   turns=not args.no_turns, fresh_after_dead=not args.next_ancestor,
-                   probes=not args.no_probes)
-        peers = [SimPeer(i, Host(f"p{i}", lk.up, lk.down, lk.lat)) for i, lk in enumerate(links)]
-        for p in peers:
-            sim.at(rng.uniform(0, 1.0), sw.arrive, p)
-        sw.on_all_done = lambda: setattr(sim, "stopped", True)
-        warm_T, t_pub = [], args.first_version_s
-        probed: list[int] = []  # relays the origin had timed when the first version left
-        sim.at(t_pub, lambda: probed.append(len(sw.tracker.uploads.probed)))
-        for v in range(1, args.warmups + 1):
-            sim.stopped = False
-            sim.at(t_pub, sw.publish, v, args.warmup_size)
-            sim.run(until=t_pub + 1e6)
-            warm_T.append(round(max(p.done_at[v] for p in peers if p.host.alive) - t_pub, 1))
-            t_pub = sim.now + 1.0
+    origin_cfg = OriginConfig(fanout=args.fanout, trees=args.trees)
+    sw = Swarm(sim, o, origin_cfg, PeerConfig(window=args.window), args.piece, report_uploads=measured,
+               probes=not args.no_probes)
+    peers = [sw.new_peer(i, Host(f"p{i}", lk.up, lk.down, lk.lat)) for i, lk in enumerate(links)]
+    for p in peers:
+        sim.at(rng.uniform(0, 1.0), sw.arrive, p)
+    sw.on_all_done = lambda: setattr(sim, "stopped", True)
+    warm_T, t_pub = [], args.first_version_s
+    probed: list[int] = []  # relays the origin had timed when the first version left
+    sim.at(t_pub, lambda: probed.append(len(sw.tracker.uploads.probed)))
+    for v in range(1, args.warmups + 1):
         sim.stopped = False
-        last = args.warmups + 1
-        state = {"left": len(churn)}
-        arrivals: list[tuple[float, Link]] = []
-
-        def done_check() -> None:
-            if state["left"] == 0 and all(last in p.done_at for p in sw.peers.values() if p.host.alive):
-                sim.stopped = True
-
-        def churn_event(kind: str, lk: Link | None) -> None:
-            if kind == "arrive":
-                p = SimPeer(len(sw.peers), Host(f"p{len(sw.peers)}", lk.up, lk.down, lk.lat))
-                arrivals.append((sim.now - t_pub, lk))
-                sw.arrive(p)
-            else:
-                alive = [p for p in sw.peers.values() if p.host.alive and p.pid]
-                sw.depart(rng.choice(alive), graceful=kind == "leave")
-            state["left"] -= 1
-            done_check()
-
-        sw.on_all_done = done_check
-        warm_reports, sw.reports = dict(sw.reports), collections.Counter()
-        sim.at(t_pub, sw.publish, last, size)
-        for dt, kind, lk in churn:
-            sim.at(t_pub + dt, churn_event, kind, lk)
+        sim.at(t_pub, sw.publish, v, args.warmup_size)
         sim.run(until=t_pub + 1e6)
-        present = [p for p in sw.peers.values() if p.host.alive]
-        missing = sum(last not in p.done_at for p in present)
-        T = max(p.done_at.get(last, math.inf) for p in present) - t_pub
-        bound = fluid_bound(size, origin.up, [Link(p.host.up, p.host.down, 0) for p in present], arrivals)
+        warm_T.append(round(max(p.done_at[v] for p in peers if p.host.alive) - t_pub, 1))
+        t_pub = sim.now + 1.0
+    sim.stopped = False
+    last = args.warmups + 1
+    state = {"left": len(churn)}
+    arrivals: list[tuple[float, Link]] = []
+
+    def done_check() -> None:
+        if state["left"] == 0 and all(last in p.done_at for p in sw.peers.values() if p.host.alive):
+            sim.stopped = True
+
+    def churn_event(kind: str, lk: Link | None) -> None:
+        if kind == "arrive":
+            p = sw.new_peer(len(sw.peers), Host(f"p{len(sw.peers)}", lk.up, lk.down, lk.lat))
+            arrivals.append((sim.now - t_pub, lk))
+            sw.arrive(p)
+        else:
+            alive = [p for p in sw.peers.values() if p.host.alive and p.pid]
+            sw.depart(rng.choice(alive), graceful=kind == "leave")
+        state["left"] -= 1
+        done_check()
+
+    sw.on_all_done = done_check
+    warm_reports, sw.reports = dict(sw.reports), collections.Counter()
+    sim.at(t_pub, sw.publish, last, size)
+    for dt, kind, lk in churn:
+        sim.at(t_pub + dt, churn_event, kind, lk)
+    sim.run(until=t_pub + 1e6)
+    present = [p for p in sw.peers.values() if p.host.alive]
+    missing = sum(last not in p.done_at for p in present)
+    T = max(p.done_at.get(last, math.inf) for p in present) - t_pub
+    bound = fluid_bound(size, origin.up, [Link(p.host.up, p.host.down, 0) for p in present], arrivals)
     return {"T": T, "bound": bound, "warmup_T": warm_T, "probed_at_first": probed[0], "present": len(present),
             "missing": missing, "events": sim.events, "reports": dict(sw.reports), "warmup_reports": warm_reports,
-            "tracker_peers": len(sw.tracker.peers)}
+            "tracker_peers": len(sw.tracker.peers), "gave_up": sw.fetch.gave_up}
 
 
 def run_fluid(design: str, links: list[Link], origin: Link, size: int, churn: list[tuple], rng) -> dict:
@@ -179,7 +180,7 @@ def main() -> None:
     ap.add_argument("--versions", nargs="+", default=["full", "delta"], choices=["full", "delta"])
     ap.add_argument("--designs", nargs="+", default=["tree", "tree-blind", "star", "shardcast"],
                     choices=["tree", "tree-blind", "star", "shardcast"])
-    ap.add_argument("--piece-kib", type=int, default=1024, help="as trainer's ServerConfig.piece_bytes")
+    ap.add_argument("--piece-kib", type=int, default=ORIGIN.piece_bytes >> 10, help="the tree's piece_bytes")
     ap.add_argument("--delta-piece-kib", type=int, default=None,
                     help="piece size for deltas (default: the origin's rule, broadcast.delta_publish)")
     ap.add_argument("--warmup-frac", type=float, default=None,
@@ -188,15 +189,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1,
                     help="simulate this many consecutive pieces as one (fewer events; each hop then waits for "
                          "a whole batch, so T comes out pessimistic)")
-    ap.add_argument("--trees", type=int, default=4)
-    ap.add_argument("--fanout", type=int, default=4)
-    ap.add_argument("--window", type=int, default=2)
+    ap.add_argument("--trees", type=int, default=ORIGIN.n_trees)
+    ap.add_argument("--fanout", type=int, default=ORIGIN.fanout)
+    ap.add_argument("--window", type=int, default=PEER.window)
     ap.add_argument("--churn", type=float, default=0.10)
-    ap.add_argument("--no-turns", action="store_true",
-                    help="a child's requests to one source share its share (before broadcast/serving.Turns)")
-    ap.add_argument("--next-ancestor", action="store_true",
-                    help="a dead parent's piece is asked of the next ancestor, not of the parents the tracker "
-                         "gives after the report (peer.py before 2026-12-05)")
     ap.add_argument("--first-version-s", type=float, default=3.0,
                     help="when the first warm-up is published; the peers join in the first second (the time the "
                          "origin has to probe their uplinks before any version)")

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.broadcast import MiB, run_ours  # noqa: E402
 from bench.simlib.links import Link  # noqa: E402
 from bench.tree_sim import run_tree  # noqa: E402
+from broadcast.config import OriginConfig, PeerConfig  # noqa: E402
 
 
 def main() -> None:
@@ -26,15 +27,14 @@ def main() -> None:
     ap.add_argument("--size-mib", type=float, default=4.0)
     ap.add_argument("--rate-mib", type=float, default=1.0)
     ap.add_argument("--piece-kib", type=int, default=64)
-    ap.add_argument("--trees", type=int, default=4)
-    ap.add_argument("--window", type=int, default=2)
+    ap.add_argument("--trees", type=int, default=OriginConfig().n_trees)
+    ap.add_argument("--window", type=int, default=PeerConfig().window)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     size, rate = int(args.size_mib * MiB), args.rate_mib * MiB
     args.fanout, args.piece = args.trees, args.piece_kib << 10
-    args.warmup_size, args.warmups, args.no_turns = size, 1, False  # the real peers take turns (serving.py)
-    args.next_ancestor = False  # and ask the parents the tracker gives after a dead one (sourcing.py)
+    args.warmup_size, args.warmups = size, 1
     args.no_probes, args.first_version_s = True, 3.0  # the bench's peers are fresh keys: the origin probes none
     print(f"S = {args.size_mib} MiB, B = {args.rate_mib} MiB/s per uplink (origin too), S/B = {size / rate:.2f} s, "
           f"pieces of {args.piece_kib} KiB, {args.trees} trees, window {args.window}")

@@ -21,17 +21,16 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote
 
 import aiohttp
 
 from .delta import PAYLOAD, DeltaError, apply
+from .errors import FetchError
 from .manifest import Manifest, TargetFile
-from .membership import FetchError
 
 if TYPE_CHECKING:
-    from .peer import Peer
     from .store import VersionState
 
 log = logging.getLogger("broadcast.delta")
@@ -40,7 +39,20 @@ WHOLE_CONCURRENCY = 4
 RECV = 1 << 20
 
 
-async def materialize(peer: Peer, st: VersionState) -> None:
+class Versions(Protocol):
+    """What delta fetching needs of the peer's versions (downloads.Downloads)."""
+
+    origin_url: str
+
+    @property
+    def session(self) -> aiohttp.ClientSession: ...
+    def held(self, version: int) -> Path | None: ...
+    def pending(self, version: int) -> asyncio.Task | None: ...
+    def ensure(self, version: int) -> asyncio.Task: ...
+    async def manifest(self, version: int) -> Manifest: ...
+
+
+async def materialize(versions: Versions, st: VersionState) -> None:
     """Put the verified files of delta version `st` beside its pieces in st.dir, or raise FetchError."""
 
 
@@ -48,7 +60,7 @@ async def materialize(peer: Peer, st: VersionState) -> None:
     scratch = st.dir.with_name(st.dir.name + ".build")
     await asyncio.to_thread(shutil.rmtree, scratch, True)
     try:
-        base_dir = await _obtain_base(peer, m)
+        base_dir = await _obtain_base(versions, m)
         applied = False
         if base_dir is not None:
             try:
@@ -60,7 +72,7 @@ async def materialize(peer: Peer, st: VersionState) -> None:
                 await asyncio.to_thread(shutil.rmtree, scratch, True)
         if not applied:
             try:
-                await _fetch_whole(peer, m, scratch)
+                await _fetch_whole(versions, m, scratch)
             except (OSError, aiohttp.ClientError, TimeoutError) as e:
                 raise FetchError(f"v{m.version}: could not fetch the full version: {e}") from e
         for t in m.target:  # every file verified: now they join the pieces
@@ -72,30 +84,25 @@ async def materialize(peer: Peer, st: VersionState) -> None:
         await asyncio.to_thread(shutil.rmtree, scratch, True)
 
 
-def _held(peer: Peer, version: int) -> Path | None:
-    st = peer.states.get(version)
-    return st.dir if st is not None and st.complete else None
-
-
-async def _obtain_base(peer: Peer, m: Manifest) -> Path | None:
+async def _obtain_base(versions: Versions, m: Manifest) -> Path | None:
     """The directory of the base, held or fetched; None when the full version is the better (or only) way."""
     assert m.base is not None
-    if (d := _held(peer, m.base)) is not None:
+    if (d := versions.held(m.base)) is not None:
         return d
-    task = peer._downloads.get(m.base)
+    task = versions.pending(m.base)
     if task is None:
-        if not await _chain_is_cheaper(peer, m):
+        if not await _chain_is_cheaper(versions, m):
             return None
-        task = peer._ensure_download(m.base)
+        task = versions.ensure(m.base)
     try:
         await asyncio.shield(task)
     except Exception as e:  # noqa: BLE001 - any failure of the base means: take the full version
         log.warning("v%d: its base v%d could not be had (%s)", m.version, m.base, e)
         return None
-    return _held(peer, m.base)
+    return versions.held(m.base)
 
 
-async def _chain_is_cheaper(peer: Peer, m: Manifest) -> bool:
+async def _chain_is_cheaper(versions: Versions, m: Manifest) -> bool:
     """Walk the bases back to one held (or on its way) or a full version, adding up their sizes; True when
     that chain is complete, signed, and smaller than this version whole."""
 
@@ -104,10 +111,10 @@ async def _chain_is_cheaper(peer: Peer, m: Manifest) -> bool:
     cost, cur, path = 0, m.base, []
     for _ in range(MAX_CHAIN):
         assert cur is not None
-        if _held(peer, cur) is not None or cur in peer._downloads:
+        if versions.held(cur) is not None or versions.pending(cur) is not None:
             break
         try:
-            mm = await peer._get_manifest(cur)  # refused unless signed by the pinned key
+            mm = await versions.manifest(cur)  # refused unless signed by the pinned key
         except FetchError as e:
             log.warning("v%d: the chain to its base breaks at v%d (%s); fetching the full version", m.version,
                         cur, e)
@@ -126,25 +133,24 @@ async def _chain_is_cheaper(peer: Peer, m: Manifest) -> bool:
     return cheaper
 
 
-async def _fetch_whole(peer: Peer, m: Manifest, scratch: Path) -> None:
+async def _fetch_whole(versions: Versions, m: Manifest, scratch: Path) -> None:
     sem = asyncio.Semaphore(WHOLE_CONCURRENCY)
 
     async def one(t: TargetFile) -> None:
         async with sem:
-            await _fetch_file(peer, m.version, t, scratch)
+            await _fetch_file(versions, m.version, t, scratch)
 
     await asyncio.gather(*(one(t) for t in m.target))
 
 
-async def _fetch_file(peer: Peer, version: int, t: TargetFile, scratch: Path) -> None:
+async def _fetch_file(versions: Versions, version: int, t: TargetFile, scratch: Path) -> None:
     """One file of the version whole from the origin, kept only if it has the signed size and sha256."""
 
 
-    assert peer._session
     dest = scratch / t.path
     dest.parent.mkdir(parents=True, exist_ok=True)
     h, got = hashlib.sha256(), 0
-    async with peer._session.get(f"{peer.tracker_url}/v/{version}/file/{quote(t.path)}") as r:
+    async with versions.session.get(f"{versions.origin_url}/v/{version}/file/{quote(t.path)}") as r:
         if r.status != 200:
             raise FetchError(f"the origin answered {r.status} for {t.path} of v{version}")
         with open(dest, "wb") as f:

@@ -1,11 +1,4 @@
-"""The origin's own probes of relays, and its judgement of reports: nothing is decided by count.
-
-Reporters are untrusted like everyone else. A corrupt report is settled by fetching the whole piece from the
-accused and hashing it; a dead or stall report by connecting back to the accused (it must sign our nonce)
-and timing a piece it says it holds. What the origin confirms acts; what it cannot confirm costs the
-reporter standing, never the accused its place. Reports of peers with standing (two distinct keys) may
-demote a relay the origin's probes cannot catch; reports of fresh keys never move anyone.
-"""
+"""The origin's probes of relays over HTTP, and the driver of its verdicts (verdicts.py decides)."""
 
 from __future__ import annotations
 
@@ -24,16 +17,24 @@ from swarm_common.http import read_capped
 
 from .identity import check_reach
 from .messages import ReachAnswer, Report, decode
+from .verdicts import (
+    PROBE_CACHE_S,
+    BanHook,
+    Flow,
+    Pause,
+    Probe,
+    judge_report,
+    prove,
+    prove_target,
+    recheck_reach,
+)
 
 if TYPE_CHECKING:
     from .store import VersionState
     from .tracker import PeerRec, Tracker
 
 log = logging.getLogger("broadcast.judge")
-PROBE_CACHE_S = 2.0  # one probe of a peer answers every report about it for this long
-PROVE_RETRY_S = 10.0
 MAX_PROBES = 8  # probes in flight at once, all kinds together
-RETRY_S = 1.0  # a probe that fails is tried once more this much later before it counts
 
 
 class Prober:
@@ -110,6 +111,9 @@ class Prober:
 
 
 class Judge:
+    """Runs verdicts.py's flows: their probes over HTTP (one probe of a peer answers every report about it
+    for PROBE_CACHE_S), their pauses on the event loop, their bans through the trainer's hook."""
+
     def __init__(self, tracker: Tracker, prober: Prober, versions: Callable[[], dict[int, VersionState]],
                  on_ban: Callable[[str, str], None] | None = None):
         self.tracker, self.prober, self.versions = tracker, prober, versions
@@ -117,16 +121,50 @@ class Judge:
         self._cache: dict[tuple[str, str], tuple[float, str, str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._proving: dict[str, float] = {}
+        self._rng = random.Random()
         self.tasks: set[asyncio.Task] = set()
 
-    def ban(self, rec: PeerRec, reason: str, reporter: str) -> None:
-        self.tracker.ban(rec.peer_id, reason, reporter)
-        self.tracker.count("confirmed_corrupt")
-        if self.on_ban and rec.key and not rec.key.startswith("anon-"):
+    def _pieces(self, version: int) -> int | None:
+        st = self.versions().get(version)
+        return None if st is None else len(st.pieces)
+
+    async def run(self, flow: Flow) -> str:
+        """Drive one verdict to its end; its result."""
+        result: str | None = None
+        try:
+            while True:
+                step = flow.send(result)
+                result = None
+                if isinstance(step, Probe):
+                    result = await self._probe(step)
+                elif isinstance(step, Pause):
+                    await asyncio.sleep(step.seconds)
+                else:
+                    self._hook(step)
+        except StopIteration as done:
+            return done.value
+
+    def _hook(self, ban: BanHook) -> None:
+        if self.on_ban:
             try:
-                self.on_ban(rec.key, reason)
+                self.on_ban(ban.key, ban.reason)
             except Exception:  # noqa: BLE001 - the trainer's hook must not break the tracker
                 log.exception("on_ban hook failed")
+
+    async def _probe(self, p: Probe) -> str:
+        rec, url = p.rec, p.rec.url or ""
+        if p.kind == "reach":
+            async def reach() -> str:
+                status, _, detail = await self.prober.reach(url, rec.key)
+                return "ok" if status == "ok" else f"{status}: {detail}"
+            return await self._once(rec, "reach", reach)
+        if p.kind == "answers":
+            return await self._once(rec, "answers", lambda: self.prober.answers(url, p.version, p.index),
+                                    f"{p.version}/{p.index}")
+        st = self.versions().get(p.version)
+        if st is None or not 0 <= p.index < len(st.pieces):
+            return "unknown"
+        return await self._once(rec, "piece", lambda: self.prober.piece(url, st, p.index), f"{p.version}/{p.index}")
 
     async def _once(self, rec: PeerRec, kind: str, probe, what: str = "") -> str:
         """Probe a peer at most once per PROBE_CACHE_S for each kind of probe, whatever the number of reports:
@@ -147,105 +185,21 @@ class Judge:
                 self._locks = {k: v for k, v in self._locks.items() if v.locked() or k in self.tracker.peers}
         return verdict
 
-    async def recheck_reach(self, rec: PeerRec) -> bool:
-        """Connect back to the relay (it must sign our nonce); not reachable makes it a leaf."""
-        if rec.url is None:
-            return False
-
-        async def probe() -> str:
-            for attempt in range(2):  # a loaded machine may miss one deadline: failing twice counts
-                status, _, detail = await self.prober.reach(rec.url, rec.key)
-                if status == "ok" or attempt:
-                    return status if status == "ok" else f"{status}: {detail}"
-                await asyncio.sleep(RETRY_S)
-            return "unreachable"
-
-        verdict = await self._once(rec, "reach", probe)
-        if rec.peer_id in self.tracker.peers:
-            self.tracker.set_reachable(rec, verdict == "ok", "" if verdict == "ok" else verdict)
-        return verdict == "ok"
-
-    async def probe_piece(self, rec: PeerRec, version: int, index: int) -> str:
-        st = self.versions().get(version)
-        if rec.url is None or st is None or not 0 <= index < len(st.pieces):
-            return "unknown"
-        url = rec.url
-        return await self._once(rec, "piece", lambda: self.prober.piece(url, st, index), f"{version}/{index}")
-
     async def judge(self, reporter: PeerRec, accused: PeerRec, msg: Report) -> str:
-        t = self.tracker
-        who = f"{reporter.peer_id} ({reporter.key[:12]})"
-        if msg.reason == "corrupt":
-            verdict = await self.probe_piece(accused, msg.version, msg.piece)
-            if verdict == "corrupt":
-                self.ban(accused, f"served corrupt piece {msg.piece} of v{msg.version} (confirmed by origin)",
-                         reporter.peer_id)
-                return "banned"
-            if verdict in ("dead", "stall") and not await self.recheck_reach(accused):
-                return "leaf: not reachable"
-            if verdict in ("slow", "dead", "stall"):
-                t.event(f"corrupt report on {accused.peer_id} by {who}: inconclusive ({verdict})")
-                return "inconclusive"
-            t.penalize(reporter.key, f"corrupt report on {accused.peer_id}: origin's probe says {verdict}")
-            return "not confirmed"
-        if not await self.recheck_reach(accused):
-            return "leaf: not reachable"
-        if msg.version in self.versions() and 0 <= msg.piece < len(self.versions()[msg.version].pieces):
-            url = accused.url or ""
-            async def answers() -> str:
-                first = await self.prober.answers(url, msg.version, msg.piece)
-                if first != "stall":
-                    return first
-                await asyncio.sleep(RETRY_S)
-                return await self.prober.answers(url, msg.version, msg.piece)
+        return await self.run(judge_report(self.tracker, reporter, accused, msg, self._pieces))
 
-            verdict = await self._once(accused, "answers", answers, f"{msg.version}/{msg.piece}")
-            if verdict == "stall":
-                t.demote(accused.peer_id, f"left the origin's piece request unanswered ({who} reported)")
-                t.count("confirmed_stall")
-                return "demoted"
-        if t.has_standing(reporter):
-            accused.reporters.add(reporter.key)
-            accused.strikes += 1
-            if msg.reason == "stall" and len(accused.reporters) >= 2:
-                t.demote(accused.peer_id, f"stalls reported by {len(accused.reporters)} peers with standing")
-                return "demoted"
-            t.event(f"{msg.reason} report on {accused.peer_id} by {who} (standing): noted")
-            return "noted"
-        t.penalize(reporter.key, f"{msg.reason} report on {accused.peer_id}: it answers the origin's probes")
-        return "not confirmed"
+    async def recheck_reach(self, rec: PeerRec) -> bool:
+        return await self.run(recheck_reach(self.tracker, rec)) == "ok"
 
     def maybe_prove(self, rec: PeerRec) -> None:
-        """A relay that reports a complete version we serve: fetch one random piece of it back. Served in
-        time and intact, the relay has shown it uploads (it rises above fresh peers); corrupt bans it."""
-        t = self.tracker
-        if (rec.key in t.proven or not rec.interior_capable or not rec.complete
-                or time.monotonic() - self._proving.get(rec.key, -1e9) < PROVE_RETRY_S):
-            return
-        vs = self.versions()
-        held = [v for v in rec.complete if v in vs]
-        if not held:
-            return
-        self._proving[rec.key] = time.monotonic()
-        if len(self._proving) > 4096:
-            self._proving = {k: v for k, v in self._proving.items() if time.monotonic() - v < PROVE_RETRY_S}
-        v = held[-1]
-        index = random.randrange(len(vs[v].pieces))
+        """A relay that reports a complete version we serve: fetch one random piece of it back
+        (verdicts.prove)."""
+        pieces = {v: len(st.pieces) for v, st in self.versions().items()}
+        target = prove_target(self.tracker, rec, pieces, self._proving, self._rng)
+        if target is not None:
+            self.spawn(self.run(prove(self.tracker, rec, *target)))
 
-        async def run() -> None:
-            verdict = await self.probe_piece(rec, v, index)
-            if rec.peer_id not in t.peers:
-                return
-            if verdict == "ok":
-                t.prove(rec, f"served piece {index} of v{v} to the origin intact")
-            elif verdict == "corrupt":
-                self.ban(rec, f"served corrupt piece {index} of v{v} to the origin's probe", "origin")
-            elif verdict == "stall" and await self.recheck_reach(rec):
-                t.demote(rec.peer_id, f"stalled the origin's request for piece {index} of v{v}, which it holds")
-                t.count("confirmed_stall")
-            elif verdict == "dead":
-                await self.recheck_reach(rec)
-
-        task = asyncio.create_task(run())
+    def spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)

@@ -8,6 +8,9 @@ from typing import Annotated, Literal
 import msgspec
 
 MAX_TRACKER_MESSAGE_BYTES = 1 << 20  # tracker messages are small; anything bigger is refused unread
+# The origin's name in sources and receive reports. It is the root of every tree, and each peer reaches it
+# at its own tracker URL: the origin's bind address (0.0.0.0 across machines) is no address to give anyone.
+ORIGIN = "origin"
 
 
 class Join(msgspec.Struct, forbid_unknown_fields=True):
@@ -51,7 +54,7 @@ class PeerHeartbeat(msgspec.Struct, forbid_unknown_fields=True):
     complete: list[int] = []  # verified complete versions held
     progress: dict[int, int] = {}  # version -> verified pieces, for versions in flight
     served_bytes: int = 0  # bytes this peer's relay has uploaded since it started
-    received: dict[str, int] = {}  # source URL -> verified bytes received from it since start
+    received: dict[str, int] = {}  # source URL (ORIGIN: the origin) -> verified bytes received since start
     # What came from each source since the last heartbeat, and how long it took: uplink evidence for
     # bandwidth-aware placement (broadcast/placement.py; counted only from peers with standing).
     recent: Annotated[dict[str, Received], msgspec.Meta(max_length=64)] = {}
@@ -59,7 +62,8 @@ class PeerHeartbeat(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class TreeSources(msgspec.Struct):
-    """For each tree, the ancestors to fetch from: parent first, origin last. Sent only when they changed
+    """For each tree, the relays above this peer to fetch from, parent first; the origin, above them all,
+    is not named (the peer reaches it at its tracker URL). Sent only when they changed
     since the peer's last heartbeat (otherwise `sources` is empty and `tag` the one it holds): every peer's
     answer, every heartbeat, on the origin's uplink was 5% of it at N = 32 with 1 s heartbeats."""
 

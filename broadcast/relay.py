@@ -12,21 +12,17 @@ from pathlib import Path
 
 from swarm_common.keys import KeyPair, fingerprint
 
+from .config import PeerConfig
 from .peer import Peer
 
 
-async def run_relay(tracker: str, data_dir: Path, trainer_key: bytes, *, host: str | None = "127.0.0.1",
-                    port: int = 0, relay: bool = True, keep: int = 3, upload_rate: float | None = None,
-                    name: str = "", stall_timeout: float = 30.0, progress: bool = False,
-                    exit_after: int | None = None, advertise: str | None = None,
-                    first_byte_timeout: float = 1.0) -> int:
+async def run_relay(tracker: str, data_dir: Path, trainer_key: bytes, config: PeerConfig, *,
+                    exit_after: int | None = None) -> int:
     """Serve until SIGINT/SIGTERM (or, with `exit_after`, until that version is held); returns an exit code.
     An unreachable tracker is retried (with backoff) until it answers or the relay is stopped."""
     print(f"trusting trainer key {fingerprint(trainer_key)}", flush=True)
     key = KeyPair.load_or_create(Path(data_dir) / "relay.key")
-    peer = Peer(tracker, data_dir, trainer_key, host=host, port=port, relay=relay, keep=keep,
-                upload_rate=upload_rate, name=name, stall_timeout=stall_timeout, progress=progress,
-                keypair=key, advertise=advertise, first_byte_timeout=first_byte_timeout)
+    peer = Peer(tracker, data_dir, trainer_key, config, keypair=key)
 
     async def announce(version: int, path: Path) -> None:
         print(f"HAVE v{version} {path}", flush=True)

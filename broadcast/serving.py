@@ -12,6 +12,7 @@ from aiohttp import web
 
 from .ratelimit import RateLimiter
 from .store import VersionState
+from .turns import TurnQueue, turn_key
 
 log = logging.getLogger("broadcast.serving")
 MAX_VERSION = 10**12
@@ -20,40 +21,31 @@ UNSENT_LOWAT = 32 << 10  # bytes a response may leave unsent in the kernel
 
 
 class Turns:
-    """A child's requests to this host take turns, per tree: one piece at a time, in the order they became
-    sendable. A child keeps `window` requests in flight per tree so that its parent's pipe stays full
-    across piece boundaries; sent at once, they split the child's share of the uplink, and each piece took
-    `window` times as long to reach the child, at every hop. Simulated at 1000 peers (10% churn), on average
-    over five draws, before the origin's uplink probes: a 13.5 MB delta 1.76x the fluid bound with turns,
-    2.23x without; a full version 1.21x and 1.35x (docs/tree-simulation.md). The key is the child's
-    address and its word (X-Peer), and a turn is waited for as long as a held request waits for its piece:
-    one that claims another's name from the same address and holds its turn delays that child's pieces from
-    here until the child goes around us (sourcing.py), never past that bound. (A bound of 5 s was about one
-    piece time with 1 MiB pieces at 1.6 Mbit/s per child, and undid the turns there.)"""
+    """Waits over HTTP for turns.TurnQueue's turns. The key is the child's address and its word (X-Peer), and
+    a turn is waited for as long as a held request waits for its piece: one that claims another's name from
+    the same address and holds its turn delays that child's pieces from here until the child goes around us
+    (piece_race.py), never past that bound. (A bound of 5 s was about one piece time with 1 MiB pieces at
+    1.6 Mbit/s per child, and undid the turns there.) Given up waiting, a request is sent alongside."""
 
     def __init__(self) -> None:
-        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
-        self._users: dict[tuple[str, int], int] = {}  # requests holding or awaiting each lock
+        self.queue = TurnQueue()
 
     @contextlib.asynccontextmanager
-    async def turn(self, child: str, tree: int, max_wait: float) -> AsyncIterator[None]:
-        key = (child[:128], tree)
-        lock = self._locks.setdefault(key, asyncio.Lock())  # asyncio.Lock wakes its waiters in order
-        self._users[key] = self._users.get(key, 0) + 1
+    async def turn(self, child: str, index: int, trees: int, max_wait: float) -> AsyncIterator[None]:
+        key = turn_key(child, index, trees)
+        me: asyncio.Future = asyncio.get_running_loop().create_future()
         try:
-            try:
-                await asyncio.wait_for(lock.acquire(), max_wait)
-            except TimeoutError:
-                yield  # its turn is overdue: sent alongside the one ahead
-                return
-            try:
-                yield
-            finally:
-                lock.release()
+            if not self.queue.arrive(key, me):
+                try:
+                    await asyncio.wait_for(asyncio.shield(me), max_wait)
+                except TimeoutError:
+                    if not me.done():  # its turn is overdue: sent alongside the one ahead
+                        self.queue.leave(key, me)
+            yield
         finally:
-            self._users[key] -= 1
-            if not self._users[key]:  # only requests in progress hold a key: the map stays bounded
-                del self._users[key], self._locks[key]
+            nxt = self.queue.leave(key, me)
+            if isinstance(nxt, asyncio.Future) and not nxt.done():
+                nxt.set_result(None)
 
 
 def parse_int(text: str, hi: int, what: str) -> int:
@@ -94,7 +86,7 @@ async def serve_piece(
     child = f"{request.remote} {request.headers.get('X-Peer', '')}"
     _low_unsent(request)
     try:
-        async with turns.turn(child, index % max(1, trees), wait_timeout):
+        async with turns.turn(child, index, trees, wait_timeout):
             await _send(resp, st, index, limiter, on_sent)
     except FileNotFoundError:
         # Retention removed it mid-send; the child sees a short body and goes elsewhere.

@@ -15,7 +15,6 @@ which only the tracker and the peer know, so strangers cannot spend a relay's up
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -26,37 +25,21 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from .uplink_plan import PROBE_BYTES, RETRY_S, TIMEOUT_S, UplinkPlan
+
 if TYPE_CHECKING:
     from .ratelimit import RateLimiter
     from .tracker import PeerRec, Tracker
 
 log = logging.getLogger("broadcast.uplink_probe")
 PROBE_PATH = "/probe"
-PROBE_BYTES = 1 << 20
 HEADER = "X-Probe-Auth"
 UPLINKS_FILE = "uplinks.json"  # in the origin's directory: the figures kept across its restarts
-MAX_IN_FLIGHT = 16  # probes at once; they share the origin's downlink: at 1 Gbit/s, ~60 Mbit/s each
-RETRY_S = 60.0  # a probe that failed (busy, timed out, refused) is tried again this much later
-TIMEOUT_S = 30.0
 _FILLER = bytes(64 << 10)
 
 
 def probe_auth(token: str) -> str:
     return hmac.new(token.encode(), b"rollout-swarm/uplink-probe/v1", hashlib.sha256).hexdigest()
-
-
-def wants_probe(tracker: Tracker, rec: PeerRec) -> bool:
-    """A relay whose uplink placement would use, that nothing has measured yet, and whose uplink is idle:
-    no version is in flight, or it has no children now (a leaf uploads nothing). A probe of a relay that is
-    serving measures its children's share and takes time from them: in the simulation, probes during a
-    version measured such relays at a fifth of their uplink and slowed the version."""
-    if (rec.reachable is not True or not rec.interior_capable or not tracker.has_standing(rec)  # capable: has a url
-            or rec.url in tracker.uploads.estimate or rec.url in tracker.uploads.probed):
-        return False
-    if not tracker.in_flight():
-        return True
-    children = tracker.topology()[1]
-    return not any(children[t].get(rec.peer_id) for t in range(tracker.trees))
 
 
 class Preempted(Exception):
@@ -95,45 +78,35 @@ class ProbeServer:
 
 
 class UplinkProber:
-    """The origin's side: after a heartbeat, probe the relays that `wants_probe`, a few at a time."""
+    """The origin's side: after a heartbeat, probe the relays the plan (uplink_plan.py) says, a few at a time."""
 
     def __init__(self, tracker: Tracker, session: aiohttp.ClientSession, spawn) -> None:
         self.tracker, self.session, self.spawn = tracker, session, spawn
-        self._sem = asyncio.Semaphore(MAX_IN_FLIGHT)
-        self._pending: set[str] = set()  # keys queued or being probed
-        self._retry: dict[str, float] = {}  # key -> when a failed probe may be tried again
-        self.counts = {"probed": 0, "failed": 0, "preempted": 0}
+        self.plan = UplinkPlan(tracker)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.plan.counts
 
     def after_heartbeat(self, rec: PeerRec) -> None:
-        now = time.monotonic()
-        if rec.key in self._pending or self._retry.get(rec.key, 0.0) > now or not wants_probe(self.tracker, rec):
-            return
-        self._pending.add(rec.key)
-        self.spawn(self._probe(rec))
+        self._start(self.plan.after_heartbeat(rec))
+
+    def _start(self, recs: list[PeerRec]) -> None:
+        for rec in recs:
+            self.spawn(self._probe(rec))
 
     async def _probe(self, rec: PeerRec) -> None:
-        url, token = rec.url, rec.token
+        url, token, rate, outcome = rec.url or "", rec.token, 0.0, "failed"
         try:
-            async with self._sem:
-                if self.tracker.peers.get(rec.peer_id) is not rec or not wants_probe(self.tracker, rec):
-                    return  # it left, or serves a version that went out meanwhile: asked after a later heartbeat
-                rate = await self.time_download(f"{url}{PROBE_PATH}", probe_auth(token), rec)
-        except Preempted:
-            self.counts["preempted"] += 1
-            return
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
-            self.counts["failed"] += 1
-            log.debug("uplink probe of %s failed (tried again in %.0fs): %s", url, RETRY_S, e)
-            self._retry[rec.key] = time.monotonic() + RETRY_S
-            if len(self._retry) > 4 * self.tracker.max_peers:
-                self._retry = {k: t for k, t in self._retry.items() if t > time.monotonic()}
-            return
-        finally:
-            self._pending.discard(rec.key)
-        if self.tracker.peers.get(rec.peer_id) is rec and rec.url == url:
-            self.tracker.probed(rec, rate)
-            self.counts["probed"] += 1
+            rate = await self.time_download(f"{url}{PROBE_PATH}", probe_auth(token), rec)
+            outcome = "probed"
             log.debug("uplink probe of %s: %.1f Mbit/s", url, rate * 8 / 1e6)
+        except Preempted:
+            outcome = "preempted"
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
+            log.debug("uplink probe of %s failed (tried again in %.0fs): %s", url, RETRY_S, e)
+        finally:
+            self._start(self.plan.done(rec, url, outcome, rate))
 
     async def time_download(self, url: str, auth: str, rec: PeerRec | None = None) -> float:
         """Bytes/s from sending the request to the body's last byte: a lower bound whatever else this
@@ -148,7 +121,7 @@ class UplinkProber:
             async for chunk in r.content.iter_any():
                 if rec is not None and self.tracker.latest != latest:
                     latest = self.tracker.latest
-                    if not wants_probe(self.tracker, rec):
+                    if self.plan.preempted(rec):
                         raise Preempted
                 got += len(chunk)
                 if got > PROBE_BYTES:

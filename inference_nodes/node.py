@@ -23,7 +23,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from broadcast.addresses import is_loopback
-from broadcast.peer import Peer
+from broadcast.peer import Peer, PeerConfig
 from swarm_common import proof_of_work
 from swarm_common import protocol as P
 from swarm_common.chat import encode_prompt
@@ -43,24 +43,18 @@ class Node:
         status_host: str | None = None,
         status_port: int = 0,
         probe_prompt: str = "3+5+8",
-        keep_versions: int = 3,
         seed: int = 0,
         trainer_key: str | None = None,
-        relay: bool = True,
-        relay_host: str | None = None,
-        relay_port: int = 0,
         invite: str = "",
-        advertise: str | None = None,
-        first_byte_timeout: float = 1.0,
+        tree: PeerConfig | None = None,
     ):
-        """`status_host` / `relay_host`: where the status page and the relay listen (None: 127.0.0.1 when
-        the trainer is on this machine's loopback, else every interface). `advertise`: the relay's address
-        as others reach it, when the tracker cannot see it (NAT with a forwarded port)."""
+        """`status_host`: where the status page listens (None: 127.0.0.1 when the trainer is on this
+        machine's loopback, else every interface). `tree`: how this node takes part in the relay tree
+        (broadcast/config.py: its relay's address, --advertise, timeouts); its name is the node's."""
         self.trainer = trainer if "://" in trainer else f"tcp://{trainer}"
         # The host we reach the trainer at: it tells us the tracker is there too, unless it knows better.
         self.trainer_host = urlsplit(self.trainer).hostname or ""
         self.invite = invite
-        self.advertise, self.first_byte_timeout = advertise, first_byte_timeout
         local = is_loopback(self.trainer_host)
         status_host = status_host or ("127.0.0.1" if local else "0.0.0.0")
         self.data_dir = Path(data_dir)
@@ -71,10 +65,9 @@ class Node:
         self.max_prompts = max_prompts
         self.status_host, self.status_port = status_host, status_port
         self.probe_prompt = probe_prompt
-        self.keep_versions = keep_versions
         self.seed = seed
         self.pinned = load_public(trainer_key) if trainer_key else None
-        self.relay, self.relay_host, self.relay_port = relay, relay_host, relay_port
+        self.tree = msgspec.structs.replace(tree or PeerConfig(), name=self.name)
         self.peer: Peer | None = None
 
         self.engine = None
@@ -125,10 +118,8 @@ class Node:
     async def _join_tree(self, reg: P.Registered) -> None:
         if self.peer is not None:
             return
-        self.peer = Peer(reg.tracker_url, self.data_dir / "tree", self._trusted_key(reg.trainer_key),
-                         host=self.relay_host, port=self.relay_port, relay=self.relay, keep=self.keep_versions,
-                         name=self.name, follow=True, keypair=self.key, advertise=self.advertise,
-                         first_byte_timeout=self.first_byte_timeout)
+        self.peer = Peer(reg.tracker_url, self.data_dir / "tree", self._trusted_key(reg.trainer_key), self.tree,
+                         keypair=self.key, follow=True)
         await self.peer.start()
         self.status.relay_url = self.peer.url or ""
         self.status.relay_reachable = self.peer.reachable

@@ -14,6 +14,7 @@ from swarm.flags import (
     add_relay_flags,
     add_run_flags,
     add_tree_flags,
+    peer_config,
     run_overrides,
 )
 
@@ -66,9 +67,7 @@ def cmd_node(args) -> int:
 
     node = Node(args.trainer, args.data_dir, name=args.name or None, max_prompts=args.max_prompts,
                 status_host=args.status_host, status_port=args.status_port, probe_prompt=args.probe_prompt,
-                seed=args.seed, trainer_key=args.trainer_key, relay=not args.no_relay,
-                relay_host=args.relay_host, relay_port=args.relay_port, invite=args.invite,
-                advertise=args.advertise, first_byte_timeout=args.first_byte_timeout)
+                seed=args.seed, trainer_key=args.trainer_key, invite=args.invite, tree=peer_config(args))
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -110,11 +109,8 @@ def cmd_relay(args) -> int:
 
     if not args.trainer_key:
         raise ValueError("swarm relay needs --trainer-key (the trainer's RUN/trainer.pub or its 64 hex chars)")
-    return asyncio.run(run_relay(
-        args.tracker, Path(args.data_dir), load_public(args.trainer_key), host=args.relay_host,
-        port=args.relay_port, relay=not args.no_relay, keep=args.keep, upload_rate=args.upload_rate,
-        name=args.name, stall_timeout=args.stall_timeout, progress=args.progress, exit_after=args.exit_after,
-        advertise=args.advertise, first_byte_timeout=args.first_byte_timeout))
+    return asyncio.run(run_relay(args.tracker, Path(args.data_dir), load_public(args.trainer_key), peer_config(args),
+                                 exit_after=args.exit_after))
 
 
 def cmd_tree(args) -> int:

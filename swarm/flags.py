@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import os
 
+from broadcast.config import PeerConfig
 from swarm_common.protocol import DEFAULT_MAX_PROMPTS
+
+PEER = PeerConfig()  # the defaults every peer flag shows
 
 # flag attribute -> config key: `--port 6000` is `--set server.port=6000`.
 RUN_FLAG_KEYS = (("run_dir", "run_dir"), ("model", "model.path"), ("port", "server.port"),
@@ -70,9 +73,15 @@ def add_peer_flags(p: argparse.ArgumentParser, *, data_dir: str | None, key_help
                    "this machine connect from with the relay's port: behind NAT with a forwarded port, a "
                    "floating IP, a proxy. Without it the tracker reports the address it sees (as STUN does), "
                    "connects back to check it, and makes this peer a download-only leaf if that fails")
-    p.add_argument("--first-byte-timeout", type=float, default=1.0,
+    p.add_argument("--first-byte-timeout", type=float, default=PEER.first_byte_timeout,
                    help="seconds a parent may leave a piece request unanswered before an ancestor is asked in "
                    "parallel (longer where answers are routinely slower)")
+
+
+def peer_config(args: argparse.Namespace) -> PeerConfig:
+    """The peer's config from its flags: each flag is the field of the same name (--no-relay: relay)."""
+    known = {f: getattr(args, f) for f in PeerConfig.__struct_fields__ if hasattr(args, f)}
+    return PeerConfig(**known, relay=not args.no_relay)
 
 
 def add_node_flags(p: argparse.ArgumentParser) -> None:
@@ -99,9 +108,9 @@ def add_relay_flags(p: argparse.ArgumentParser) -> None:
     # The relay's older names for --relay-host / --relay-port.
     p.add_argument("--host", dest="relay_host", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--port", dest="relay_port", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    p.add_argument("--keep", type=int, default=3, help="versions to keep on disk")
-    p.add_argument("--upload-rate", type=float, default=None, help="upload cap in bytes/s")
-    p.add_argument("--stall-timeout", type=float, default=30.0,
+    p.add_argument("--keep", type=int, default=PEER.keep, help="versions to keep on disk")
+    p.add_argument("--upload-rate", type=float, default=PEER.upload_rate, help="upload cap in bytes/s (0: none)")
+    p.add_argument("--stall-timeout", type=float, default=PEER.stall_timeout,
                    help="seconds without progress before a source is reported and bypassed")
     p.add_argument("--progress", action="store_true", help="show progress bars")
     p.add_argument("--exit-after", type=int, default=None, help="exit once this version is held")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from typing import Literal
+from urllib.parse import urljoin
 
 import msgspec
 
@@ -106,7 +107,13 @@ class Assignment(msgspec.Struct, forbid_unknown_fields=True):
 
 class WeightsInfo(msgspec.Struct, forbid_unknown_fields=True):
     version: int
-    manifest_url: str  # the signed manifest at the relay tree's origin (pieces come through the tree)
+    # The signed manifest at the relay tree's origin, relative to the tracker URL the node is told (which
+    # is per node: the trainer's bind address, 0.0.0.0 across machines, is nobody's to dial).
+    manifest_url: str
+
+    def manifest_at(self, tracker_url: str) -> str:
+        """The manifest's absolute URL for a node that reaches the tracker at `tracker_url`."""
+        return urljoin(tracker_url.rstrip("/") + "/", self.manifest_url.lstrip("/"))
 
 
 class Registered(msgspec.Struct, tag="registered", forbid_unknown_fields=True):

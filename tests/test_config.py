@@ -40,3 +40,23 @@ def test_components_own_their_sections_and_old_keys_still_work(tmp_path, caplog)
     again = tmp_path / "again.toml"
     again.write_text(dump_config(old))
     assert "[security]" not in again.read_text() and load_config(again) == old
+
+
+def test_the_relay_tree_owns_its_section_and_old_server_keys_still_work(tmp_path, caplog):
+    """[server.tree] is broadcast.config.OriginConfig: one name per knob from the file to the origin."""
+    from broadcast.config import OriginConfig
+
+    cfg = load_config(None, ["server.tree.fanout=3", "server.tree.piece_bytes=0"])
+    assert isinstance(cfg.server.tree, OriginConfig) and (cfg.server.tree.fanout, cfg.server.tree.piece_bytes) == (3, 0)
+    f = tmp_path / "old.toml"
+    f.write_text('[server]\nfanout = 2\npiece_bytes = 65536\nmax_peers = 50\nallow_private = "never"\nfull_every = 1\n')
+    with caplog.at_level("WARNING"):
+        old = load_config(f)
+    t = old.server.tree
+    assert (t.fanout, t.piece_bytes, t.max_peers, t.allow_private, t.full_every) == (2, 65536, 50, "never", 1)
+    assert "server.piece_bytes is now server.tree.piece_bytes" in caplog.text
+    with pytest.raises(ValueError):
+        load_config(None, ["server.tree.fanout=0"])  # the room's own checks
+    again = tmp_path / "again.toml"
+    again.write_text(dump_config(old))
+    assert "[server.tree]" in again.read_text() and load_config(again) == old

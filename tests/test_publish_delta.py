@@ -9,8 +9,9 @@ import asyncio
 import pytest
 import torch
 
+from broadcast.config import OriginConfig
 from broadcast.origin import Origin
-from broadcast.peer import Peer
+from broadcast.peer import Peer, PeerConfig
 from model_builders.default_model import build_default_model
 from swarm_common.keys import KeyPair
 from trainer.learner import make_adamw
@@ -29,10 +30,10 @@ def test_versions_go_out_as_deltas_and_load_as_published(tmp_path, dtype):
     kp = KeyPair.generate()
 
     async def scenario():
-        origin = Origin(tmp_path / "run" / "broadcast", kp, keep=3, full_every=3, heartbeat_interval=0.3,
-                        piece_size=64 << 10)
+        origin = Origin(tmp_path / "run" / "broadcast", kp,
+                        OriginConfig(full_every=3, heartbeat_s=0.3, piece_bytes=64 << 10), keep=3)
         await origin.start()
-        peer = Peer(origin.url, tmp_path / "peer", kp.public_bytes, follow=False, stall_timeout=5)
+        peer = Peer(origin.url, tmp_path / "peer", kp.public_bytes, PeerConfig(stall_timeout=5), follow=False)
         await peer.start()
         try:
             kinds = []

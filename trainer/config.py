@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from broadcast.config import OriginConfig
 from trainer.audit import AuditConfig
 from trainer.grpo import LossConfig
 from trainer.guard import GuardConfig
@@ -95,17 +96,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     web_port: int = 8265  # the live web view (0: any free port, -1: none); its /api is on http_port too
     web_host: str = "127.0.0.1"  # set 0.0.0.0 to show the page to other machines
     tracker_port: int = 5557  # the relay tree's origin and tracker (weights leave the trainer only here)
-    fanout: int = 4  # children per relay in each tree of the broadcast
-    piece_bytes: int = 1 << 20  # broadcast piece size: a relay forwards each piece once verified
-    max_peers: int = 1000  # relay-tree members the tracker holds at once
-    # May relays advertise private or loopback addresses (a lab, a LAN)? "auto": when the relay's join
-    # reached the tracker on such an address itself.
-    allow_private: Literal["auto", "always", "never"] = "auto"
-    # Every full_every-th version goes out whole, the others as deltas against the version before
-    # (broadcast/delta.py); a node without the base fetches the chain or the version whole. 1: all whole.
-    # Measured on SmolLM2 (bench/delta.py): a bf16 delta is ~2% of the version, an fp32 one ~40%.
-    full_every: int = 10
-    heartbeat_s: float = 2.0
+    # The relay tree's own knobs ([server.tree]: fanout, piece_bytes, max_peers, full_every, ...), owned by
+    # broadcast/config.py. Its heartbeat (tree.heartbeat_s) is the tree's; heartbeat_s below is the nodes'.
+    tree: OriginConfig = msgspec.field(default_factory=OriginConfig)
+    heartbeat_s: float = 2.0  # how often nodes tell the trainer they are alive
     assignment_timeout_s: float = 120.0  # work not answered by then is re-assigned
     gone_after_s: float = 0.0  # a node silent this long is gone and its work re-assigned (0 = 10 x heartbeat_s)
     max_message_bytes: int = 8 * 2**20
@@ -122,7 +116,7 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     audit: AuditConfig = msgspec.field(default_factory=AuditConfig)
 
 
-# Keys that moved when the loss, the guard and the audit came to own their sections: still read, with a
+# Keys that moved when the loss, the guard, the audit and the relay tree came to own their sections: still read, with a
 # warning, so older config files and scripts keep working.
 MOVED_KEYS = {
     **{f"train.{k}": f"loss.{k}" for k in ("eps_low", "eps_high", "delta", "seq_is_cap", "kl_beta")},
@@ -132,6 +126,8 @@ MOVED_KEYS = {
     "security.audit": "audit.enabled", "security.audit_rate": "audit.rate",
     "security.audit_new_node_groups": "audit.new_node_groups", "security.audit_tol": "audit.tol",
     "security.min_tail_mass": "audit.min_tail_mass",
+    # The relay tree owns its knobs (broadcast/config.py): [server.tree].
+    **{f"server.{k}": f"server.tree.{k}" for k in ("fanout", "piece_bytes", "max_peers", "allow_private", "full_every")},
 }
 
 

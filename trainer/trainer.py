@@ -93,10 +93,8 @@ class Trainer:
         # Weights leave the trainer only through the relay tree, signed with the trainer's key.
         key = KeyPair.load_or_create(self.run_dir / "trainer.key")
         s = cfg.server
-        self.origin = Origin(self.run_dir / "broadcast", key, host=s.host, port=s.tracker_port, fanout=s.fanout,
-                             keep=t.keep_versions, piece_size=s.piece_bytes, heartbeat_interval=s.heartbeat_s,
-                             max_peers=s.max_peers, full_every=s.full_every,
-                             allow_private={"auto": None, "always": True, "never": False}[s.allow_private])
+        self.origin = Origin(self.run_dir / "broadcast", key, s.tree, host=s.host, port=s.tracker_port,
+                             keep=t.keep_versions)
         await self.origin.start()
         log.info("trainer key fingerprint %s (nodes pin it with --trainer-key %s)", key.fingerprint,
                  self.run_dir / "trainer.pub")
@@ -114,7 +112,7 @@ class Trainer:
         st = self.state
         items = self.task.train_items(seed=cfg.task.seed, start=st.items_drawn if st else 0)
         self.service = NodeService(cfg, self.task, self.tok, self.model.config.vocab_size, self.stats,
-                                   self.registry, lambda v: f"{self.origin.url}/v/{v}/manifest", items,
+                                   self.registry, lambda v: f"/v/{v}/manifest", items,  # relative: per node
                                    tracker_url=self.origin.url, trainer_key=key.public_hex, guard=self.guard,
                                    auditor=self.auditor, ledger=self.ledger, tree=self.origin)
         self.origin.on_ban = self.service.ban_from_tree  # confirmed corruption in the tree bans the node key

@@ -39,12 +39,13 @@ class TreeLab:
         self.first_s = 0.0  # how long v1, the first version the honest relays fetch, took
 
     async def __aenter__(self) -> TreeLab:
+        from broadcast.config import OriginConfig
         from broadcast.origin import Origin
         from swarm_common.keys import KeyPair
 
         self.key = KeyPair.generate()
-        self.origin = Origin(self.tmp / "origin", self.key, fanout=2, piece_size=PIECE, heartbeat_interval=HB,
-                             upload_rate=RATE, keep=3)
+        self.origin = Origin(self.tmp / "origin", self.key, OriginConfig(
+            fanout=2, piece_bytes=PIECE, heartbeat_s=HB, upload_rate=RATE), keep=3)
         await self.origin.start()
         self.tracker = self.origin.url
         if self.before:

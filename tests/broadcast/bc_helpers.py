@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from broadcast.config import OriginConfig
 from broadcast.origin import Origin
 from swarm_common.keys import KeyPair
 
@@ -49,12 +50,13 @@ class Cluster:
     def __init__(self, tmp: Path, **origin_kw):
         self.tmp = tmp
         self.key = KeyPair.generate()
-        self.origin_kw = dict(fanout=2, piece_size=64 << 10, heartbeat_interval=HB, keep=3) | origin_kw
+        self.keep = origin_kw.pop("keep", 3)
+        self.origin_cfg = OriginConfig(**(dict(fanout=2, piece_bytes=64 << 10, heartbeat_s=HB) | origin_kw))
         self.origin: Origin | None = None
         self.procs: dict[str, asyncio.subprocess.Process] = {}
 
     async def __aenter__(self) -> Cluster:
-        self.origin = Origin(self.tmp / "origin", self.key, **self.origin_kw)
+        self.origin = Origin(self.tmp / "origin", self.key, self.origin_cfg, keep=self.keep)
         await self.origin.start()
         return self
 

@@ -10,14 +10,14 @@ import sys
 
 from aiohttp import web
 
-from broadcast import relay
-from broadcast.peer import Peer
+from broadcast import peer
+from broadcast.relay_server import RelayServer
 from swarm.cli import main
 
 
-class EvilPeer(Peer):
+class EvilServer(RelayServer):
     async def _piece(self, request: web.Request) -> web.StreamResponse:
-        st = await self._lookup(int(request.match_info["version"]))
+        st = await self.downloads.lookup(int(request.match_info["version"]), True)
         index = int(request.match_info["index"])
         if st is None or not await st.wait_piece(index, 3):
             raise web.HTTPNotFound()
@@ -28,6 +28,6 @@ class EvilPeer(Peer):
 
 
 if __name__ == "__main__":
-    relay.Peer = EvilPeer  # run_relay builds its peer from this name
+    peer.RelayServer = EvilServer  # the peer builds its listener from this name
     logging.basicConfig(level="INFO")
     raise SystemExit(main(["relay", *sys.argv[1:]]))

@@ -38,8 +38,8 @@ async def install(c: Cluster, m, served, full_dir) -> None:
     o.versions[m.version] = VersionState(m, served, complete=True)
     o.full_dirs[m.version] = full_dir
     o.latest = m.version
-    async with o._new_version:
-        o._new_version.notify_all()
+    async with o.new_version:
+        o.new_version.notify_all()
 
 
 def test_deltas_flow_through_the_tree_and_rebuild_exactly(tmp_path):
@@ -68,7 +68,7 @@ def test_deltas_flow_through_the_tree_and_rebuild_exactly(tmp_path):
 def test_relay_corrupting_delta_pieces_is_caught_and_banned(tmp_path, monkeypatch):
     monkeypatch.setenv("EVIL_FROM_VERSION", "2")  # honest with v1 (whole), corrupts the deltas after it
     async def scenario():
-        async with Cluster(tmp_path, fanout=2, full_every=10, piece_size=4 << 10) as c:
+        async with Cluster(tmp_path, fanout=2, full_every=10, piece_bytes=4 << 10) as c:
             await c.spawn("evil", script="tests/broadcast/evil_relay.py")  # first: heads tree 0
             for i in range(4):
                 await c.spawn(f"p{i}", wait_join=False)
@@ -113,7 +113,7 @@ def test_a_delta_that_does_not_rebuild_the_signed_files_is_refused(tmp_path):
             wrong = model_version(tmp_path / "wrong", 7)
             served = tmp_path / "origin" / "deltas" / "v3"
             target, _ = delta.encode(wrong, 2, src3, served)
-            m3 = build_manifest(served, 3, 2, c.key, c.origin.piece_size, base=2, target=target)
+            m3 = build_manifest(served, 3, 2, c.key, c.origin.cfg.piece_bytes, base=2, target=target)
             await install(c, m3, served, src3)
             await c.wait(lambda: c.holders(3) == {"p0", "p1"}, 30, "v3")
             for n in ("p0", "p1"):

@@ -96,12 +96,12 @@ def test_a_fresh_layout_for_the_next_version_and_when_nothing_is_in_flight():
     repaired = copy.deepcopy(tr.topology())
     _publish(tr, joined, 2)
     fresh = tr.topology()
-    tr._layout = None  # what laying out from scratch gives
+    tr.forest.layout = None  # what laying out from scratch gives
     assert fresh == tr.topology() != repaired
     _publish(tr, joined, 2, complete=True)  # the version is everywhere: changes lay out afresh at once
     tr.remove(_interior(tr, 1), "left")
     now = copy.deepcopy(tr.topology())
-    tr._layout = None
+    tr.forest.layout = None
     assert now == tr.topology()
     _check(tr)
 

@@ -13,11 +13,13 @@ import pytest
 from aiohttp import web
 from bc_helpers import make_version
 
+from broadcast import verdicts
+from broadcast.buckets import KeyedBuckets
+from broadcast.config import OriginConfig
 from broadcast.identity import reach_answer, sign_join
 from broadcast.messages import Join, Joined, PeerHeartbeat, ReachTest, TreeSources, TreeView
 from broadcast.origin import Origin
-from broadcast.peer import Peer
-from broadcast.ratelimit import KeyedBuckets
+from broadcast.peer import Peer, PeerConfig
 from swarm_common.http import start_site
 from swarm_common.keys import KeyPair
 from tests.conftest import free_port
@@ -57,8 +59,8 @@ class Lab:
         self.cleanup: list = []
 
     async def __aenter__(self) -> Lab:
-        self.origin = Origin(self.tmp / "origin", self.key, heartbeat_interval=0.3, piece_size=64 << 10,
-                             fanout=2, **self.kw)
+        self.origin = Origin(self.tmp / "origin", self.key,
+                             OriginConfig(heartbeat_s=0.3, piece_bytes=64 << 10, fanout=2, **self.kw))
         await self.origin.start()
         return self
 
@@ -68,8 +70,8 @@ class Lab:
         await self.origin.stop()
 
     async def peer(self, name: str, **kw) -> Peer:
-        p = Peer(self.origin.url, self.tmp / name, self.key.public_bytes, host="127.0.0.1", name=name,
-                 stall_timeout=4, **kw)
+        cfg = PeerConfig(relay_host="127.0.0.1", name=name, stall_timeout=4, advertise=kw.pop("advertise", None))
+        p = Peer(self.origin.url, self.tmp / name, self.key.public_bytes, cfg, **kw)
         await p.start()
         self.cleanup.append(p.stop)
         return p
@@ -127,7 +129,7 @@ def test_private_address_refused_by_a_public_tracker_and_the_peer_downloads_anyw
     caplog.set_level(logging.INFO)
 
     async def scenario():
-        async with Lab(tmp_path, allow_private=False) as lab:  # as if the tracker were on a public address
+        async with Lab(tmp_path, allow_private="never") as lab:  # as if the tracker were on a public address
             p = await lab.peer("p")
             assert p.url is None and p.peer_id in lab.origin.tracker.peers  # joined again as a leaf
             assert lab.origin.tracker.refused["private_url"] == 1
@@ -188,15 +190,15 @@ def test_a_url_is_held_by_one_key(tmp_path):
 
 def test_join_rate_limits_and_capacity(tmp_path):
     async def scenario():
-        async with Lab(tmp_path, max_peers=8, joins_per_address=(1.0, 20.0)) as lab:
+        async with Lab(tmp_path, max_peers=8, joins_per_address=(1.0, 20.0), reserved_share=0.0) as lab:
             codes = []
             for i in range(40):
                 codes.append((await post_join(lab.origin, sign_join(Join(None, False, f"f{i}"), KeyPair.generate())))[0])
             assert codes.count(200) == 8 and codes.count(503) >= 10 and codes.count(429) >= 15
             assert len(lab.origin.tracker.peers) == 8
             k = KeyPair.generate()  # one key joining again and again: at most its burst
-            lab.origin.tracker.max_peers = 100
-            lab.origin._join_limit = KeyedBuckets(1000.0, 1000.0)  # only the per-key limit now
+            lab.origin.tracker.max_peers = lab.origin.tracker.fresh_room = 100
+            lab.origin.routes.joins.per_address = KeyedBuckets(1000.0, 1000.0)  # only the per-key limit now
             per_key = [(await post_join(lab.origin, sign_join(Join(None, False, "k"), k)))[0] for _ in range(6)]
             assert per_key.count(200) == 3 and per_key.count(429) == 3
             assert sum(p.key == k.public_hex for p in lab.origin.tracker.peers.values()) == 1
@@ -251,10 +253,10 @@ def test_a_member_is_sent_its_sources_only_when_they_change(tmp_path):
                 assert again.sources == [] and again.tag == first.tag
                 assert (await beat("0" * 16)).sources == first.sources  # another tag: the sources in full
             p = await lab.peer("p")  # a real peer keeps its sources across answers that leave them out
-            held = p.sources
-            await p._heartbeat_once()
-            await p._heartbeat_once()
-            assert p.sources is held and len(held) == p.trees and p._sources_tag  # not decoded again
+            held = p.tracker.sources
+            await p.tracker.heartbeat_once()
+            await p.tracker.heartbeat_once()
+            assert p.tracker.sources is held and len(held) == p.tracker.trees and p.tracker.sources_tag  # kept
 
     run(scenario())
 
@@ -274,7 +276,7 @@ def test_bans_are_shared_with_the_trainer_both_ways(tmp_path):
             assert status == 403 and b"banned" in body
             seen = []
             lab.origin.on_ban = lambda key, reason: seen.append((key, reason))
-            lab.origin._judge.ban(lab.origin.tracker.peers.get("x") or _Rec(), "test", "t")
+            await lab.origin.judge.run(verdicts.ban(lab.origin.tracker, _Rec(), "test", "t"))  # confirmed corruption
             assert seen == [("cd" * 32, "test")]
 
     run(scenario())

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 
-from broadcast.messages import Join, PeerHeartbeat, Received
+from broadcast.messages import ORIGIN, Join, PeerHeartbeat, Received
 from broadcast.placement import Candidate, UploadMeter, max_children, measured_layout
 from broadcast.receive_meter import ReceiveMeter, sending_started
 from broadcast.tracker import Tracker
 from broadcast.tree_view import render
-from broadcast.uplink_probe import wants_probe
+from broadcast.uplink_plan import wants_probe
 
 Mbit = 1e6 / 8
 
@@ -94,7 +94,7 @@ def test_tracker_lays_out_by_measured_uplink_from_the_next_version():
     ups = {0: 400, 1: 2} | {i: 40 for i in range(2, 12)}
     j0 = joined[5]
     rec = {f"http://h{i}:1": Received(int(u * Mbit * 2), 2.0) for i, u in ups.items()}
-    rec["http://o:1"] = Received(int(200 * Mbit * 2), 2.0)
+    rec[ORIGIN] = Received(int(200 * Mbit * 2), 2.0)
     tr.heartbeat(PeerHeartbeat(j0.peer_id, j0.token, recent=rec), latest=1)
     assert tr.topology()[1] == before  # nothing moves while a version is in flight
     tr.heartbeat(PeerHeartbeat(j0.peer_id, j0.token), latest=2)

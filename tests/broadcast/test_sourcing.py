@@ -14,8 +14,10 @@ import pytest
 from aiohttp import web
 from bc_helpers import make_version
 
+from broadcast.config import OriginConfig
+from broadcast.messages import ORIGIN
 from broadcast.origin import Origin
-from broadcast.peer import Peer
+from broadcast.peer import Peer, PeerConfig
 from swarm_common.keys import KeyPair
 
 pytestmark = pytest.mark.timeout(60)
@@ -73,42 +75,42 @@ async def race(tmp_path, parent_kw: dict, pieces: list[int], others: str = "", l
     outcomes, the seconds they took, and the origin's URL. `slow_answers_after_bypass`: once the race
     goes around the parent, the peer's usual answer time becomes 10 s (a loaded machine's)."""
     key = KeyPair.generate()
-    o = Origin(tmp_path / "origin", key, heartbeat_interval=0.3, piece_size=64 << 10)
+    o = Origin(tmp_path / "origin", key, OriginConfig(heartbeat_s=0.3, piece_bytes=64 << 10))
     await o.start()
     await o.publish(make_version(tmp_path / "origin" / "v1", 1, 1 << 20), 1, None)
     parent = Parent(o, **parent_kw)
     await parent.start()
-    peer = Peer(o.url, tmp_path / "p", key.public_bytes, relay=False, follow=False, stall_timeout=20,
-                first_byte_timeout=FIRST_BYTE)
+    peer = Peer(o.url, tmp_path / "p", key.public_bytes,
+                PeerConfig(relay=False, stall_timeout=20, first_byte_timeout=FIRST_BYTE), follow=False)
     try:
         await peer.start()
-        take, peer._received.take = peer._received.take, dict  # heartbeats leave the evidence to us
-        st = await asyncio.to_thread(peer.store.open_partial, await peer._get_manifest(1))
+        take, peer.book.meter.take = peer.book.meter.take, dict  # heartbeats leave the evidence to us
+        st = await asyncio.to_thread(peer.store.open_partial, await peer.downloads.manifest(1))
         n = len(st.pieces)
         pieces = [i % n for i in pieces]  # -1: the last (the origin releases pieces about in order)
         rest = [i for i in range(n) if i not in pieces] if others else []
         for i in rest if others == "before" else []:
-            assert await peer._race(st, i, [o.url]) == "ok"
+            assert await peer.fetcher.race(st, i, [ORIGIN]) == "ok"
         if latency_s is not None:
-            peer._latency_s = latency_s
+            peer.book.latency_s = latency_s
         if slow_answers_after_bypass:
-            try_source = peer._try_source
+            try_source = peer.fetcher._try
 
-            async def slowed(tr, *a):
-                if tr.src == o.url and peer.bypasses:
-                    peer._answer_s, peer._answer_var = 10.0, 0.0
-                await try_source(tr, *a)
-            peer._try_source = slowed
+            async def slowed(race, tr, *a):
+                if tr.src == ORIGIN and peer.bypasses:
+                    peer.book.answer_s, peer.book.answer_var = 10.0, 0.0
+                await try_source(race, tr, *a)
+            peer.fetcher._try = slowed
         t0 = time.monotonic()
 
         async def timed() -> list[str]:
-            out = await asyncio.gather(*(peer._race(st, i, [parent.url, o.url]) for i in pieces))
+            out = await asyncio.gather(*(peer.fetcher.race(st, i, [parent.url, ORIGIN]) for i in pieces))
             return list(out), time.monotonic() - t0
 
         along = rest if others == "alongside" else []
-        (outcomes, took), *_ = await asyncio.gather(timed(), *(peer._race(st, i, [o.url]) for i in along))
+        (outcomes, took), *_ = await asyncio.gather(timed(), *(peer.fetcher.race(st, i, [ORIGIN]) for i in along))
         peer.evidence = take()  # type: ignore[attr-defined]
-        return peer, parent, outcomes, took, o.url
+        return peer, parent, outcomes, took, ORIGIN
     finally:
         await peer.stop()
         await parent.runner.cleanup()  # type: ignore[union-attr]
@@ -138,7 +140,7 @@ def test_a_parent_that_answers_and_never_sends_is_gone_around(tmp_path, yardstic
     assert outcomes == ["ok"] and peer.bypasses == 1
     assert list(peer.received) == [origin]
     assert FIRST_BYTE <= took < FIRST_BYTE + 1.5
-    assert parent.url in peer._blacklist  # avoided for a while
+    assert parent.url in peer.book.avoid  # avoided for a while
 
 
 @pytest.mark.parametrize("parent_kw", [{"hold": {-1: None}}, {"answer_after": {-1: None}}],
@@ -149,7 +151,7 @@ def test_a_parent_gone_around_as_silent_is_avoided_though_the_deadline_rose_sinc
     peer, parent, outcomes, _, origin = asyncio.run(
         race(tmp_path, parent_kw, [-1], others="alongside", latency_s=1e3, slow_answers_after_bypass=True))
     assert outcomes == ["ok"] and peer.bypasses == 1 and list(peer.received) == [origin]
-    assert parent.url in peer._blacklist
+    assert parent.url in peer.book.avoid
 
 
 def test_a_parent_that_never_answers_is_gone_around_at_the_first_byte_deadline(tmp_path):
@@ -176,7 +178,7 @@ def test_a_dead_parents_piece_is_asked_of_the_parents_the_tracker_gives_next_not
 
     async def main():
         key = KeyPair.generate()
-        o = Origin(tmp_path / "origin", key, heartbeat_interval=0.3, piece_size=64 << 10)
+        o = Origin(tmp_path / "origin", key, OriginConfig(heartbeat_s=0.3, piece_bytes=64 << 10))
         await o.start()
         await o.publish(make_version(tmp_path / "origin" / "v1", 1, 1 << 20), 1, None)
         grandparent = Parent(o)
@@ -186,14 +188,14 @@ def test_a_dead_parents_piece_is_asked_of_the_parents_the_tracker_gives_next_not
             dead = f"http://127.0.0.1:{s.getsockname()[1]}"
         # The wait for the heartbeat after the report is bounded by the answer deadline: a long one here, so
         # that a loaded machine's slow heartbeat does not send the piece to the grandparent.
-        peer = Peer(o.url, tmp_path / "p", key.public_bytes, relay=False, follow=False, stall_timeout=20,
-                    first_byte_timeout=10)
+        peer = Peer(o.url, tmp_path / "p", key.public_bytes,
+                    PeerConfig(relay=False, stall_timeout=20, first_byte_timeout=10), follow=False)
         try:
             await peer.start()
-            st = await asyncio.to_thread(peer.store.open_partial, await peer._get_manifest(1))
-            peer.sources, peer._sources_tag = [[dead, grandparent.url, o.url]] * peer.trees, ""
-            await peer._fetch_piece(st, 0, 0)
-            return peer, grandparent, o.url, dead
+            st = await asyncio.to_thread(peer.store.open_partial, await peer.downloads.manifest(1))
+            peer.tracker.sources, peer.tracker.sources_tag = [[dead, grandparent.url]] * peer.tracker.trees, ""
+            await peer.fetcher.fetch_piece(st, 0, 0)
+            return peer, grandparent, ORIGIN, dead
         finally:
             await peer.stop()
             await grandparent.runner.cleanup()  # type: ignore[union-attr]
@@ -201,4 +203,4 @@ def test_a_dead_parents_piece_is_asked_of_the_parents_the_tracker_gives_next_not
 
     peer, grandparent, origin, dead = asyncio.run(main())
     assert grandparent.asked == [] and list(peer.received) == [origin]
-    assert dead in peer._blacklist
+    assert dead in peer.book.avoid

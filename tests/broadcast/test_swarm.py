@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 from bc_helpers import Cluster, make_version, same_files, write_pieces
 
+from broadcast.config import OriginConfig
 from broadcast.origin import Origin
-from broadcast.peer import FetchError, Peer
+from broadcast.peer import FetchError, Peer, PeerConfig
 from broadcast.store import Store
 from swarm_common.keys import KeyPair
 
@@ -95,9 +96,9 @@ def test_corrupting_relay_is_caught_bypassed_and_banned(tmp_path):
 def test_forged_manifest_is_refused(tmp_path):
     async def scenario():
         trainer, impostor = KeyPair.generate(), KeyPair.generate()
-        o = Origin(tmp_path / "origin", impostor, heartbeat_interval=0.3, piece_size=64 << 10)
+        o = Origin(tmp_path / "origin", impostor, OriginConfig(heartbeat_s=0.3, piece_bytes=64 << 10))
         await o.start()
-        peer = Peer(o.url, tmp_path / "p", trainer.public_bytes, stall_timeout=4, follow=False)
+        peer = Peer(o.url, tmp_path / "p", trainer.public_bytes, PeerConfig(stall_timeout=4), follow=False)
         try:
             await peer.start()
             await o.publish(make_version(tmp_path / "origin" / "v1", 1, 100_000), 1, None)
@@ -213,7 +214,7 @@ def test_peer_without_relay_serves_no_one(tmp_path):
 def test_missing_version_is_a_clear_error(tmp_path):
     async def scenario():
         kp = KeyPair.generate()
-        o = Origin(tmp_path / "o", kp, heartbeat_interval=0.3)
+        o = Origin(tmp_path / "o", kp, OriginConfig(heartbeat_s=0.3))
         await o.start()
         p = Peer(o.url, tmp_path / "p", kp.public_bytes, follow=False)
         try:

@@ -6,6 +6,7 @@ import pytest
 
 from broadcast.messages import Join
 from broadcast.tracker import Tracker
+from broadcast.tree_view import render
 
 
 def _check(tr: Tracker) -> None:
@@ -35,7 +36,7 @@ def test_splitstream_layout(n):
     for i in range(n):
         tr.join(Join(f"http://127.0.0.1:{2000 + i}", True, f"p{i}"))
     _check(tr)
-    sizes = tr._group_sizes()
+    sizes = tr.forest.group_sizes()
     assert max(sizes) - min(sizes) <= 1
     if n % 4 == 0:
         # the floor case: every relay uploads S (k children x S/k), the origin only k heads
@@ -52,12 +53,12 @@ def test_removal_rebalances_and_non_relays_are_leaves():
     tr.remove(ids[0], "test")
     tr.remove(ids[2], "test")
     _check(tr)
-    sizes = tr._group_sizes()
+    sizes = tr.forest.group_sizes()
     assert max(sizes) - min(sizes) <= 1
     _, children = tr.topology()
     assert not any(children[t].get(leaf) for t in range(2))
     chains = tr.sources(leaf)
-    assert all(c[-1] == "http://127.0.0.1:1" for c in chains)
+    assert all("http://127.0.0.1:1" not in c for c in chains)  # the origin is each peer's own tracker URL
     tr.ban(ids[1], "corrupt", ids[3])
     assert ids[1] not in tr.peers and "http://127.0.0.1:2001" in tr.banned_urls
     _check(tr)
@@ -119,6 +120,8 @@ def test_unconfirmed_reports_cost_the_reporter_and_unreachable_is_a_leaf():
     assert not tr.has_standing(rec)
     tr.set_reachable(rec, False, "connect-back failed")
     assert rec.group is None and not rec.interior_capable
+    (pv,) = tr.view(None, []).peers  # /tree, `swarm tree` and the web view: a download-only leaf
+    assert not pv.relay and pv.reachable is False and "download-only" in render(tr.view(None, []))
     _, children = tr.topology()
     assert not any(children[t].get(rec.peer_id) for t in range(2))
     tr.set_reachable(rec, True)

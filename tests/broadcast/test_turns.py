@@ -12,7 +12,9 @@ import pytest
 from bc_helpers import make_version
 
 import broadcast.serving as serving
+from broadcast.config import OriginConfig
 from broadcast.origin import Origin
+from broadcast.turns import turn_key
 from swarm_common.keys import KeyPair
 
 pytestmark = pytest.mark.timeout(60)
@@ -22,7 +24,7 @@ PIECE = 256 << 10
 
 async def fetch_all(tmp_path, requests: list[tuple[str, int]]) -> list[float]:
     """Ask the origin for each (X-Peer, piece) at once; the seconds until each body's last byte."""
-    o = Origin(tmp_path / "origin", KeyPair.generate(), trees=4, upload_rate=RATE, piece_size=PIECE)
+    o = Origin(tmp_path / "origin", KeyPair.generate(), OriginConfig(trees=4, upload_rate=RATE, piece_bytes=PIECE))
     await o.start()
     try:
         await o.publish(make_version(tmp_path / "origin" / "v1", 1, 1 << 20), 1, None)
@@ -63,17 +65,17 @@ def test_a_turn_held_too_long_is_not_waited_for():
         release = asyncio.Event()
 
         async def holder() -> None:
-            async with turns.turn("a", 0, 0.2):
+            async with turns.turn("a", 0, 4, 0.2):
                 await release.wait()
 
         task = asyncio.create_task(holder())
         await asyncio.sleep(0.05)
         t0 = time.monotonic()
-        async with turns.turn("a", 0, 0.2):
+        async with turns.turn("a", 0, 4, 0.2):
             waited = time.monotonic() - t0
         release.set()
         await task
-        assert not turns._locks and not turns._users
+        assert not turns.queue.waiting(turn_key("a", 0, 4))
         return waited
 
     assert 0.15 < asyncio.run(main()) < 1.0

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from bc_helpers import Cluster
 
+from broadcast.config import OriginConfig
 from broadcast.origin import Origin
 from broadcast.uplink_probe import HEADER, PROBE_BYTES, PROBE_PATH, probe_auth
 from swarm_common.keys import KeyPair
@@ -44,7 +45,7 @@ async def _timed_and_placed(tmp_path) -> None:
         await c.publish(1)
         await c.wait(lambda: c.holders(1) == set(RATES), 60, "every relay to hold v1")
         # The figures outlive the origin: one started on its directory (a resumed trainer's) has them.
-        again = Origin(tmp_path / "origin", c.key, fanout=2)
+        again = Origin(tmp_path / "origin", c.key, OriginConfig(fanout=2))
         await again.start()
         try:
             assert again.tracker and again.tracker.uploads.probed[urls["slow"]] == tr.uploads.probed[urls["slow"]]
@@ -84,13 +85,13 @@ def test_a_probe_is_given_up_when_a_version_gives_the_relay_children(tmp_path):
 
 async def _preempted(tmp_path) -> None:
     async with Cluster(tmp_path, fanout=2) as c:
-        assert c.origin and c.origin.tracker and c.origin._uplinks
-        tr, prober = c.origin.tracker, c.origin._uplinks
+        assert c.origin and c.origin.tracker and c.origin.uplinks
+        tr, prober = c.origin.tracker, c.origin.uplinks
         for name in ("b", "c"):  # fresh keys: they will hang below a, the only relay with standing
             await c.spawn(name)
         c.origin.set_standing(KeyPair.load_or_create(c.data_dir("a") / "relay.key").public_hex)
         await c.spawn("a", rate=0.15e6)  # a probe takes it 7 s
-        await c.wait(lambda: bool(prober._pending), 10, "the probe of a")
+        await c.wait(lambda: bool(prober.plan.pending), 10, "the probe of a")
         await asyncio.sleep(0.3)
         await c.publish(1)
         a = c.names()["a"]

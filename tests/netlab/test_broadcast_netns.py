@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from broadcast.config import OriginConfig
 from broadcast.origin import Origin
 from swarm_common.keys import KeyPair
 
@@ -29,8 +30,8 @@ def test_relays_in_namespaces_fetch_from_each_other(netlab, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
 
     async def scenario() -> None:
-        origin = Origin(tmp_path / "origin", key, host=netlab.bridge_ip, fanout=2, piece_size=8 << 10,
-                        heartbeat_interval=0.5)
+        origin = Origin(tmp_path / "origin", key, OriginConfig(fanout=2, piece_bytes=8 << 10, heartbeat_s=0.5),
+                        host=netlab.bridge_ip)
         await origin.start()
         try:
             assert origin.tracker

@@ -38,7 +38,7 @@ def test_trainer_nodes_and_relay_on_separate_hosts(netlab, tmp_path):
     trainer = netlab.popen(trainer_host, [
         *swarm, "train", "--host", "0.0.0.0", "--run-dir", str(run_dir), "--max-steps", str(STEPS),
         "--set", "train.prompts_per_step=8", "--set", "train.inflight_groups=16", "--set", "train.eval_every=20",
-        "--set", "server.heartbeat_s=0.5", "--set", "server.web_port=-1", "--set", "train.checkpoint_every=0",
+        "--set", "server.heartbeat_s=0.5", "--set", "server.tree.heartbeat_s=0.5", "--set", "server.web_port=-1", "--set", "train.checkpoint_every=0",
         *(a for k in keys for a in ("--trust", k))], env=env, cwd=REPO, log="trainer")
     api = f"http://{trainer_host.ip}:5556/api/summary"
     wait_json(api, timeout=240, proc=trainer)

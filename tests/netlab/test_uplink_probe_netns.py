@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from broadcast.config import OriginConfig
 from broadcast.origin import Origin
 from swarm_common.keys import KeyPair
 from tests.netlab.test_broadcast_netns import REPO, until
@@ -24,7 +25,7 @@ def test_probes_measure_kernel_shaped_uplinks(netlab, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
 
     async def scenario() -> None:
-        origin = Origin(tmp_path / "origin", key, host=netlab.bridge_ip, fanout=2, heartbeat_interval=0.5)
+        origin = Origin(tmp_path / "origin", key, OriginConfig(fanout=2, heartbeat_s=0.5), host=netlab.bridge_ip)
         await origin.start()
         try:
             assert origin.tracker

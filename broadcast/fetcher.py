@@ -1,0 +1,163 @@
+"""A peer's pieces over HTTP: drives piece_race.PieceRace with real requests and the real clock.
+
+Each try is one GET of /v/N/piece/I (with the peer's id in X-Peer, so the source can take its requests in
+turns); what happens to it (answer, bytes, hash, failure) is fed to the race and the SourceBook, which
+decide; this file only does the I/O. The simulator (bench/simlib) drives the same race on simulated time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+
+from .errors import Evicted, FetchError
+from .manifest import PieceRef
+from .messages import ORIGIN
+from .piece_race import PieceRace, retry_plan
+from .receive_meter import sending_started
+from .sourcing import SourceBook, Try
+from .store import VersionState
+from .tracker_client import TrackerClient
+
+log = logging.getLogger("broadcast.peer")
+RECV_CHUNK = 1 << 20  # a piece arrives in a few reads, not one per 64 KiB
+HASH_INLINE = 256 << 10  # smaller pieces are hashed on the loop: a thread's hand-off cost more than the hash
+
+
+async def _verified(ref: PieceRef, data: bytes) -> bool:
+    """Hashed in a thread when large (hashlib lets go of the GIL: the loop goes on receiving meanwhile); a
+    32 KiB piece's hash takes ~0.06 ms, its hand-off to a thread ~0.5 ms of the loop's time."""
+    return ref.matches(data) if len(data) <= HASH_INLINE else await asyncio.to_thread(ref.matches, data)
+
+
+class PieceFetcher:
+    def __init__(self, book: SourceBook, tracker: TrackerClient):
+        self.book, self.tracker = book, tracker
+        self._bg: set[asyncio.Task] = set()  # reports sent while the race goes on
+
+    def pending(self) -> list[asyncio.Task]:
+        return list(self._bg)
+
+    def url_of(self, src: str) -> str:
+        return self.tracker.tracker_url if src == ORIGIN else src
+
+    async def fetch_piece(self, st: VersionState, index: int, tree: int) -> None:
+        failures = 0
+        while True:
+            if self.tracker.evicted:
+                raise Evicted(self.tracker.evicted)
+            outcome = await self.race(st, index, self.book.chain(self.tracker.relays(tree), time.monotonic()))
+            if outcome == "ok":
+                return
+            failures += outcome != "gone"
+            plan = retry_plan(outcome, failures, self.book)
+            if plan.give_up:
+                raise FetchError(f"v{st.version} piece {index}: {plan.give_up}")
+            if plan.fresh_within:  # reported, so the tracker has given us new parents: ask them, not ours
+                await asyncio.gather(asyncio.sleep(plan.wait_s), self.tracker.fresh_sources(plan.fresh_within))
+            else:
+                await asyncio.sleep(plan.wait_s)
+
+    async def race(self, st: VersionState, index: int, chain: list[str]) -> str:
+        """One race for piece `index` along `chain`: 'ok', 'gone', 'dead' or 'failed' (piece_race.py)."""
+        race = PieceRace(self.book, chain, time.monotonic())
+        tasks: dict[Try, asyncio.Task] = {}
+
+        def send(tries: list[Try]) -> None:
+            for tr in tries:
+                tasks[tr] = asyncio.create_task(self._try(race, tr, st, index))
+
+        send([race.start(time.monotonic())])
+        try:
+            while not race.result:
+                new, at = race.look(time.monotonic())
+                send(new)
+                self._send_reports(race, st.version, index)
+                wait = None if at is None else max(0.0, at - time.monotonic())
+                done, _ = await asyncio.wait(tasks.values(), timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                for tr in [tr for tr, t in tasks.items() if t in done]:
+                    task = tasks.pop(tr)
+                    if task.exception() is not None:
+                        log.warning("v%d piece %d from %s: %r", st.version, index, tr.src, task.exception())
+                    new, cancel = race.ended(tr, time.monotonic())
+                    send(new)
+                    for c in cancel:
+                        tasks.pop(c).cancel()
+                    if race.result:
+                        break
+            self._send_reports(race, st.version, index)
+            return race.result
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+    def _send_reports(self, race: PieceRace, version: int, index: int) -> None:
+        for r in race.reports:
+            task = asyncio.create_task(self.tracker.report(r, version, index))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+        race.reports.clear()
+
+    async def _try(self, race: PieceRace, tr: Try, st: VersionState, index: int) -> None:
+        """One GET of one piece from one source; what happened goes to the race."""
+        assert self.tracker.session
+        ref = st.pieces[index]
+        how, detail = "unreachable", ""
+        try:
+            async with self.tracker.session.get(f"{self.url_of(tr.src)}/v/{st.version}/piece/{index}",
+                                                headers={"X-Peer": self.tracker.peer_id or ""}) as r:
+                self.book.answered(tr, time.monotonic())
+                if r.status == 404:
+                    how = "absent"
+                elif r.status != 200:
+                    how, detail = "http", f"HTTP {r.status}"
+                elif r.content_length is not None and r.content_length != ref.size:
+                    how, detail = "corrupt", f"length {r.content_length} != {ref.size}"
+                else:
+                    buf, sent_from = await self._body(tr, r, ref)
+                    if len(buf) != ref.size:
+                        how, detail = "corrupt", f"{len(buf)} bytes, expected {ref.size}"
+                    elif not await _verified(ref, buf):
+                        how, detail = "corrupt", "sha256 mismatch"
+                    else:
+                        self.book.piece_in(tr, ref.size, time.monotonic(), sent_from)
+                        if not st.abandoned and not st.have[index]:
+                            st.write_piece(index, buf)  # on the loop: abandon() closes these files there
+                            st.mark(index)
+                        return
+        except TimeoutError:
+            how = "timeout"
+        except aiohttp.ClientPayloadError as e:
+            how, detail = "cut", str(e)
+        except (aiohttp.ClientError, OSError) as e:
+            how, detail = "unreachable", f"{type(e).__name__}: {e}"
+        report = race.concluded(tr, how, time.monotonic(), detail)
+        if tr.src == ORIGIN and how != "absent":
+            log.warning("origin failed for v%d piece %d (%s %s): retrying", st.version, index, how, detail)
+        if report is not None:  # awaited: a dead source's piece waits for the tracker's answer (piece_race.py)
+            await self.tracker.report(report, st.version, index)
+
+    async def _body(self, tr: Try, r: aiohttp.ClientResponse, ref: PieceRef) -> tuple[bytes, float | None]:
+        chunks: list[bytes] = []
+        first_at = now = time.monotonic()
+        sent_from = None
+        try:
+            async for chunk in r.content.iter_chunked(RECV_CHUNK):
+                now = time.monotonic()
+                if not chunks:
+                    first_at = now
+                self.book.body(tr, len(chunk), now)
+                chunks.append(chunk)
+                if tr.got > ref.size:
+                    break
+        finally:
+            # Placement's evidence: how long it was sending, not holding (None: no way to tell).
+            if chunks:
+                sent_from = sending_started(tr.answered_at, first_at, now, len(chunks[0]), tr.got)
+            if sent_from is not None:
+                self.book.meter.span(tr.src, sent_from, now)
+        return b"".join(chunks), sent_from

@@ -1,0 +1,140 @@
+"""The k trees a swarm's members sit in (sans-I/O): each relay's group (the tree it is interior in), the
+layout (afresh when nothing is in flight, repaired in place while a version is: layout.py), placement by
+measured uplinks (placement.py), and each member's sources. The tracker owns the members; it tells the
+forest when they change.
+
+Piece i travels down tree i mod k. Every relay peer is interior in exactly one tree (its `group`) and a leaf
+in all the others, so each relay uploads about what it downloads: fanout f = k children x S/k bytes = S.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .layout import Layout, join_order_layout
+from .messages import ORIGIN, Received
+from .peer_rec import PeerRec
+from .placement import Candidate, UploadMeter, measured_layout
+
+Parents = list[dict[str, str | None]]
+Children = list[dict[str | None, list[str]]]
+
+
+class Forest:
+    def __init__(self, peers: dict[str, PeerRec], trees: int, fanout: int, ranked: Callable[[PeerRec], bool]):
+        """`peers`: the tracker's members (shared, not copied); `ranked`: placed above fresh keys."""
+        self.peers, self.k, self.fanout, self.ranked = peers, trees, fanout, ranked
+        self.layout: Layout | None = None  # this version's trees; None: lay out afresh
+        self.uploads = UploadMeter()  # placement: children's reports of what each source uploaded
+        self.latest: int | None = None  # the newest version, as the origin last said
+
+    def _ranked_id(self, peer_id: str | None) -> bool:
+        rec = self.peers.get(peer_id) if peer_id is not None else None
+        return rec is not None and self.ranked(rec)
+
+    # -- the layout: afresh when nothing is in flight, repaired in place while a version is ---------------
+    def in_flight(self) -> bool:
+        return self.latest is not None and any(self.latest not in p.complete for p in self.peers.values())
+
+    def relayout(self) -> None:
+        """Something the layout depends on changed: lay out afresh, unless that would move peers mid-version."""
+        if not self.in_flight():
+            self.layout = None
+
+    def repair(self, how: str, peer_id: str) -> None:
+        """`how`: 'add', 'remove' or 'make_leaf' (layout.Layout's repairs)."""
+        if self.layout is None or not self.in_flight():
+            self.layout = None
+        else:
+            getattr(self.layout, how)(peer_id, self._ranked_id)
+
+    # -- groups: the tree each relay is interior in --------------------------------------------------------
+    def group_sizes(self) -> list[int]:
+        sizes = [0] * self.k
+        for p in self.peers.values():
+            if p.group is not None:
+                sizes[p.group] += 1
+        return sizes
+
+    def smallest_group(self) -> int:
+        sizes = self.group_sizes()
+        return sizes.index(min(sizes))
+
+    def rebalance(self) -> None:
+        """After a departure, move the newest member of the largest group to the smallest one."""
+        while True:
+            sizes = self.group_sizes()
+            if max(sizes) - min(sizes) <= 1:
+                return
+            big, small = sizes.index(max(sizes)), sizes.index(min(sizes))
+            mover = max((p for p in self.peers.values() if p.group == big), key=lambda p: p.seq)
+            mover.group = small
+
+    # -- topology -------------------------------------------------------------------------------------
+    def topology(self) -> tuple[Parents, Children]:
+        """Per tree: parent of each peer (None = origin) and children of each node (None key = origin)."""
+        if self.layout is None:
+            ordered = sorted(self.peers.values(), key=lambda p: p.seq)
+            if self.uploads.placed or self.uploads.probed:
+                self.layout = self._measured(ordered)
+            else:
+                self.layout = join_order_layout(
+                    [(p.peer_id, p.group if p.interior_capable else None, self.ranked(p)) for p in ordered],
+                    self.k, self.fanout)
+        return self.layout.topology()
+
+    # -- placement by measured uplink (broadcast/placement.py) -----------------------------------------------
+    def note_uploads(self, rec: PeerRec, received: dict[str, Received], latest: int | None) -> None:
+        if latest is not None and latest != self.latest:
+            self.latest = latest
+            self.layout = None  # a new version: a fresh layout, repaired in place until it is everywhere
+        if latest is not None and latest != self.uploads.epoch:
+            live = {p.url for p in self.peers.values() if p.url} | {ORIGIN}
+            if self.uploads.new_epoch(latest, live):
+                for p in self.peers.values():
+                    # A stall report blames the relay a child waited on, often the victim of a slow one above
+                    # it; once uplinks are measured, the new layout decides again (a real staller re-earns it).
+                    if p.demoted and p.url in self.uploads.placed:
+                        p.demoted = False
+                        p.reporters.clear()
+        if received:
+            self.uploads.note(received, rec.key)
+
+    def probed(self, rec: PeerRec, rate: float) -> None:
+        """The origin timed a download from this relay (broadcast/uplink_probe.py): the next layout uses it."""
+        self.uploads.note_probe(rec.url or "", rate)
+        self.relayout()
+
+    def _measured(self, ordered: list[PeerRec]) -> Layout:
+        """Peers with standing (or a measured uplink) are laid out by uplink; fresh keys are leaves in the
+        spare places: they may not size the trees (24 fresh relays that never downloaded made the honest
+        relays' tree nearly a star, and their versions 2.8x slower)."""
+        up = self.uploads
+        sized = {p.peer_id for p in ordered if self.ranked(p) or p.url in up.placed}
+        keep, fresh = [p for p in ordered if p.peer_id in sized], [p for p in ordered if p.peer_id not in sized]
+        cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, up.uplink(p.url) if p.url else None)
+                 for p in keep]
+        group, parents, children, caps = measured_layout(cands, self.k, self.fanout,
+                                                         up.placed.get(ORIGIN), len(fresh))
+        for p in keep:
+            p.group = group[p.peer_id]
+        layout = Layout(parents, children, caps)
+        for p in fresh:
+            layout.add(p.peer_id, self._ranked_id)
+        return layout
+
+    def sources(self, peer_id: str) -> list[list[str]]:
+        """For each tree, the chain of ancestor URLs, parent first; the origin above them is left out: each
+        peer reaches it at its own tracker URL (the origin's bind address may be 0.0.0.0)."""
+        parents, _ = self.topology()
+        out = []
+        for t in range(self.k):
+            chain: list[str] = []
+            cur = parents[t].get(peer_id)
+            while cur is not None and len(chain) < 64:
+                url = self.peers[cur].url
+                if url:
+                    chain.append(url)
+                cur = parents[t].get(cur)
+            out.append(chain)
+        return out

@@ -1,0 +1,39 @@
+"""The tracker's record of one member (sans-I/O data): who it is, where it relays, what it holds, and what
+has been said of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .standing import uploaded
+
+
+@dataclass
+class PeerRec:
+    peer_id: str
+    token: str
+    name: str
+    url: str | None
+    relay: bool
+    seq: int
+    key: str = ""
+    group: int | None = None
+    last_hb: float = 0.0  # when its last heartbeat (or its join) came
+    complete: list[int] = field(default_factory=list)
+    progress: dict[int, int] = field(default_factory=dict)
+    strikes: int = 0
+    reporters: set[str] = field(default_factory=set)  # keys with standing that reported it stalling
+    demoted: bool = False
+    reachable: bool | None = None
+    reach_error: str = ""
+    served_bytes: int = 0  # what it says it uploaded
+    confirmed: dict[str, int] = field(default_factory=dict)  # child key (with standing) -> bytes received
+    rechecked: float = 0.0  # when the origin last connected back to it (unreachable relays are re-checked)
+
+    @property
+    def interior_capable(self) -> bool:
+        return self.relay and self.url is not None and self.reachable is not False and not self.demoted
+
+    @property
+    def uploaded(self) -> int:
+        return uploaded(self)

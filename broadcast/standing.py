@@ -1,0 +1,104 @@
+"""Standing in the relay tree, in one place: whose reports count, who ranks above fresh keys, and what a
+report the origin could not confirm costs its maker (sans-I/O: the time comes from the clock given).
+
+Identities are free, so a fresh key is trusted with nothing. A key has standing when the trainer calls it
+established (`trusted`), or when it has shown it uploads (`proven`: the origin fetched a piece back from
+it intact, or children with standing confirm receiving `prove_bytes` from it, capped by its own claim),
+and it has not made many reports the origin could not confirm (`penalty`, forgiven one per minute).
+A demoted relay loses its proof. The tracker reacts to changes (a new layout); it decides none of this.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+PENALTY_DECAY_S = 60.0  # one unconfirmed report forgiven per minute
+MAX_KEYS = 10_000  # penalties remembered (the least recently penalized are forgotten)
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+    def time(self) -> float: ...
+
+
+class ManualClock:
+    """A clock that moves only when told (tests; the simulator moves it to its own time)."""
+
+    def __init__(self, now: float = 0.0):
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+
+class Uploads(Protocol):
+    """A member's upload record (tracker.PeerRec)."""
+
+    served_bytes: int  # what it says it uploaded
+    confirmed: dict[str, int]  # child key (with standing) -> bytes that child says it received from it
+
+
+class Standing:
+    def __init__(self, clock: Clock, penalty_limit: float = 5.0, prove_bytes: int = 1 << 16):
+        self.clock, self.penalty_limit, self.prove_bytes = clock, penalty_limit, prove_bytes
+        self.trusted: set[str] = set()  # keys the trainer calls established
+        self.proven: set[str] = set()  # keys that have shown they upload
+        self.penalty: dict[str, tuple[float, float]] = {}  # key -> (unconfirmed-report points, at)
+
+    def ranked(self, key: str) -> bool:
+        """Placed above fresh keys: trusted, or shown it uploads (penalties aside)."""
+        return key in self.trusted or key in self.proven
+
+    def has(self, key: str) -> bool:
+        """Its reports count, and what it says it received is evidence: ranked, and not many reports the
+        origin could not confirm."""
+        return self.ranked(key) and self.points(key) <= self.penalty_limit - 1
+
+    def reports_ignored(self, key: str) -> bool:
+        return self.points(key) > self.penalty_limit - 1
+
+    def points(self, key: str) -> float:
+        pts, at = self.penalty.get(key, (0.0, 0.0))
+        return max(0.0, pts - (self.clock.monotonic() - at) / PENALTY_DECAY_S)
+
+    def penalize(self, key: str) -> None:
+        """A report the origin could not confirm: it costs the reporter, never the accused."""
+        pts = self.points(key) + 1.0
+        self.penalty.pop(key, None)  # re-inserted last: the bound forgets the keys quiet the longest
+        self.penalty[key] = (pts, self.clock.monotonic())
+        while len(self.penalty) > MAX_KEYS:
+            del self.penalty[next(iter(self.penalty))]
+
+    def trust(self, key: str, trusted: bool) -> bool:
+        """The trainer calls `key` established (or no longer); True if that changed anything."""
+        if (key in self.trusted) == trusted:
+            return False
+        (self.trusted.add if trusted else self.trusted.discard)(key)
+        return True
+
+    def prove(self, key: str) -> bool:
+        """`key` has shown it uploads; True if it had not before."""
+        if key in self.proven:
+            return False
+        self.proven.add(key)
+        return True
+
+    def revoke(self, key: str) -> None:
+        """Demoted: its proof no longer stands (it earns it again by uploading)."""
+        self.proven.discard(key)
+
+    def confirm(self, source: Uploads, child_key: str, received: int) -> bool:
+        """A child with standing says it received `received` bytes from `source` in all; True once what both
+        sides say reaches prove_bytes (the source's claim caps what children confirm)."""
+        source.confirmed[child_key] = received
+        if len(source.confirmed) > 256:
+            del source.confirmed[next(iter(source.confirmed))]
+        return uploaded(source) >= self.prove_bytes
+
+
+def uploaded(rec: Uploads) -> int:
+    """Bytes it uploaded by both accounts: its own claim, capped by what children with standing saw."""
+    return min(rec.served_bytes, sum(rec.confirmed.values()))
