@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 EXTRA   ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP   := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: install browser demo test bench vs-trl lint clean
+.PHONY: install browser sandbox demo test bench vs-trl lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,16 +21,21 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) sandbox
 	$(VENV)/bin/swarm demo $(ARGS)
 
-test: $(STAMP) browser
+test: $(STAMP) browser sandbox
 	$(PY) -m pytest -q $(ARGS)
 
 # The web view's browser test drives Debian's chromium through Playwright (the dev extra); Playwright
 # never downloads a browser. CI runs as root; elsewhere install chromium once, as root.
 browser:
 	command -v chromium >/dev/null 2>&1 || { apt-get update && apt-get install -y chromium; }
+
+# The python tool's sandbox (rewards/sandbox.py): Debian's bubblewrap, running Debian's python3. As root,
+# like chromium; a node that serves the python environment needs them too.
+sandbox:
+	command -v bwrap >/dev/null 2>&1 && test -x /usr/bin/python3 || { apt-get update && apt-get install -y bubblewrap python3; }
 
 bench: $(STAMP)
 	$(PY) bench/node.py

@@ -46,6 +46,15 @@ class TaskConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     )
     eval_size: int = 120
     seed: int = 0
+    # Environments (multi-turn tasks: calculator, guess, python; rewards/registry.py). train.max_tokens is
+    # then per turn; an episode's tokens after the prompt (sampled and the environment's) are at most:
+    max_episode_tokens: int = 192
+    # Sandbox seconds the trainer may spend replaying one submission's tool calls (the python tool): past
+    # them the submission is refused (replay_budget), so a replay bomb costs its sender, not the run.
+    replay_sandbox_s: float = 20.0
+    # May nodes that are not in guard.trusted run this task's episodes? Only an environment the trainer can
+    # replay (Environment.replayable) may be open to strangers; the trainer refuses to start otherwise.
+    open_to_strangers: bool = True
 
 
 class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -19,6 +19,11 @@ class NodeRecord:
     accepted_groups: int = 0
     accepted_tokens: int = 0
     refused: Counter = field(default_factory=Counter)
+    # Multi-turn work: accepted episodes, their turns, tool calls and tool calls that failed.
+    episodes: int = 0
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
 
 
 class NodeRegistry:
