@@ -73,7 +73,8 @@ class PythonEnv(ToolEnv):
                  system_prompt: str | None = None, limits: dict | None = None, python: str = ""):
         """`python`: the sandbox interpreter's version the run expects (default: this machine's); a node
         whose sandbox runs another one refuses the work rather than answer with other outputs."""
-        self.limits = clamp(Limits(**(limits or {})))
+        # Per call: a second of CPU, three of wall clock (the sandbox's other limits are its defaults).
+        self.limits = clamp(Limits(**{"cpu_s": 1, "wall_s": 3.0, **(limits or {})}))
         local = interpreter_version()
         python = python or local
         if python != local:

@@ -157,8 +157,7 @@ def test_honest_episodes_of_every_environment_pass():
             demo = [m["content"] for m in env.demonstration(it) if m["role"] == "assistant"]
             e = honest(env, it, demo)
             r = replay_episode(env, it, TOK, e, MAX_TOKENS, MAX_EPISODE, len(TOK))
-            assert r.reason is None, (env.name, r)
-            assert len(r.logprobs) == len(e.token_ids) and r.turns == len(demo)
+            assert r.reason is None and r.turns == len(demo), (env.name, r)
 
 
 def test_a_forged_observation_is_refused(calc_case):

@@ -49,9 +49,11 @@ class TaskConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Environments (multi-turn tasks: calculator, guess, python; rewards/registry.py). train.max_tokens is
     # then per turn; an episode's tokens after the prompt (sampled and the environment's) are at most:
     max_episode_tokens: int = 192
-    # Sandbox seconds the trainer may spend replaying one submission's tool calls (the python tool): past
-    # them the submission is refused (replay_budget), so a replay bomb costs its sender, not the run.
-    replay_sandbox_s: float = 20.0
+    # Sandbox seconds (wall) the trainer may spend replaying the tool calls (the python tool) of a submission,
+    # per group in it: past them the rest is refused (replay_budget) and the node is audited in full from
+    # then on, so a replay bomb costs its sender its work, not the run its time. An honest group of 8
+    # episodes with two short programs each takes ~1 s here.
+    replay_sandbox_s: float = 10.0
     # May nodes that are not in guard.trusted run this task's episodes? Only an environment the trainer can
     # replay (Environment.replayable) may be open to strangers; the trainer refuses to start otherwise.
     open_to_strangers: bool = True

@@ -50,7 +50,6 @@ class Replayed:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
-    logprobs: list[float] | None = None  # one per token, 0 at the environment's (the learner's layout)
 
 
 def check_shape(e: P.Episode, vocab_size: int, max_episode_tokens: int) -> str | None:
@@ -115,12 +114,8 @@ def replay_episode(env: Environment, item: TaskItem, tok, e: P.Episode, max_toke
     if e.finish_reason != te.finish:
         return Replayed("bad_finish")
     score = te.score()
-    full, k = [], 0
-    for sampled in mask:
-        full.append(e.logprobs[k] if sampled else 0.0)
-        k += sampled
     return Replayed(None, score.reward, score.metrics.get(env.correct_metric, 0.0), te.turns,
-                    te.episode.tool_calls, te.episode.tool_errors, full)
+                    te.episode.tool_calls, te.episode.tool_errors)
 
 
 def replay_group(env: Environment, item: TaskItem, tok, episodes: list[P.Episode], max_tokens: int,
@@ -138,9 +133,14 @@ def replay_group(env: Environment, item: TaskItem, tok, episodes: list[P.Episode
         budget.reset(token)
 
 
-def as_samples(episodes: list[P.Episode], replays: list[Replayed]) -> tuple[list[P.Sample], list[list[bool]]]:
+def full_logprobs(e: P.Episode) -> list[float]:
+    """One log-prob per token: the node's for sampled tokens, 0 at the environment's."""
+    it = iter(e.logprobs)
+    return [next(it) if sampled else 0.0 for sampled in e.mask]
+
+
+def as_samples(episodes: list[P.Episode]) -> tuple[list[P.Sample], list[list[bool]]]:
     """Episodes in the learner's and the audit's layout: every token with a log-prob (0 at the
     environment's), and the mask of sampled tokens."""
-    return ([P.Sample(e.token_ids, r.logprobs, e.finish_reason) for e, r in zip(episodes, replays, strict=True)],
-            [e.mask for e in episodes])
+    return [P.Sample(e.token_ids, full_logprobs(e), e.finish_reason) for e in episodes], [e.mask for e in episodes]
 

@@ -54,7 +54,7 @@ class Limits:
     correct_metric: str = "correct"
     episodes: bool = False  # the task is an environment: rollouts hold episodes, not samples
     max_episode_tokens: int = 0  # an episode's tokens after the prompt, sampled and environment's
-    replay_sandbox_s: float = 20.0  # sandbox seconds one submission's replay may spend
+    replay_sandbox_s: float = 10.0  # sandbox seconds a submission's replay may spend, per group
 
 
 def check_sample(s: P.Sample, lim: Limits) -> str | None:
@@ -117,6 +117,6 @@ def score_group(task: Task, held: Held, samples: list[P.Sample], version: int, n
 
 def episode_group(held: Held, episodes: list[P.Episode], replays: list[Replayed], version: int, node_id: str) -> Group:
     """An accepted group of episodes, with the rewards of the trainer's own replay."""
-    samples, masks = as_samples(episodes, replays)
+    samples, masks = as_samples(episodes)
     return Group(held.assignment_id, node_id, held.item, held.prompt_ids, samples, [r.reward for r in replays],
                  [r.correct for r in replays], version, masks)

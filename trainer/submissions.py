@@ -60,11 +60,13 @@ class Intake:
 
     async def submit(self, rec: NodeRecord, sub: P.RolloutSubmission) -> Outcome:
         verdicts, helds = self._check(sub)
+        # The audit first: it is what catches sampled tokens a node made up (code chosen to be a replay bomb,
+        # say) before the replay runs any of it; then every episode is replayed.
+        if self.auditor is not None and not any(v in FRAUD for v in verdicts.values()):
+            await self._audit(rec, sub, verdicts, helds)
         replays: dict[str, list[Replayed]] = {}
         if self.env is not None and not any(v in FRAUD for v in verdicts.values()):
             replays = await self._replay(rec, sub, verdicts, helds)
-        if self.auditor is not None and not any(v in FRAUD for v in verdicts.values()):
-            await self._audit(rec, sub, verdicts, helds, replays)
         if self.closed:  # closed while this submission was checked or audited: refuse, not lose, the rest
             verdicts = {aid: v or "run_ended" for aid, v in verdicts.items()}
         fraud = next((v for v in verdicts.values() if v in FRAUD), None)
@@ -130,8 +132,10 @@ class Intake:
     async def _replay(self, rec: NodeRecord, sub: P.RolloutSubmission, verdicts: dict[str, str | None],
                       helds: dict[str, Held]) -> dict[str, list[Replayed]]:
         """Replay every episode that passed the checks (trainer/episode_check.py), with one sandbox budget
-        for the whole submission; a refused episode refuses its group, written into `verdicts`."""
-        sandbox = Budget(self.limits.replay_sandbox_s)
+        for the whole submission; a refused episode refuses its group, written into `verdicts`. A node whose
+        episodes outrun the budget is audited in full from then on: made-up code (a replay bomb) is then
+        caught by the audit, before any of it runs."""
+        sandbox = Budget(self.limits.replay_sandbox_s * len(sub.rollouts))
         out: dict[str, list[Replayed]] = {}
         t0 = time.perf_counter()
         for r in sub.rollouts:
@@ -144,6 +148,8 @@ class Intake:
             if reason:
                 log.warning("replay of %s from %s failed: %s", r.assignment_id, rec.name, reason)
                 verdicts[r.assignment_id] = reason
+                if reason == "replay_budget":
+                    self.guard.suspects.add(sub.node_id)
                 if reason in FRAUD:
                     break
                 continue
@@ -152,7 +158,7 @@ class Intake:
         return out
 
     async def _audit(self, rec: NodeRecord, sub: P.RolloutSubmission, verdicts: dict[str, str | None],
-                     helds: dict[str, Held], replays: dict[str, list[Replayed]]) -> None:
+                     helds: dict[str, Held]) -> None:
         """Re-score the groups that passed the checks (all of a suspect's or a new node's, a share of the
         others'); a failed audit is written into `verdicts`."""
         suspect = sub.node_id in self.guard.suspects or self.probation.holds(sub.node_id)
@@ -160,8 +166,7 @@ class Intake:
             if verdicts[r.assignment_id] is not None or not self.auditor.should_audit(rec.accepted_groups, suspect):
                 continue
             t0 = time.perf_counter()
-            samples, masks = (as_samples(r.episodes, replays[r.assignment_id]) if r.episodes
-                              else (r.samples, None))
+            samples, masks = as_samples(r.episodes) if r.episodes else (r.samples, None)
             try:
                 res = await asyncio.to_thread(self.auditor.audit, helds[r.assignment_id].prompt_ids, samples,
                                               sub.version, masks)
