@@ -96,6 +96,7 @@ class Overview(msgspec.Struct, kw_only=True):
     dropped: dict[str, int]
     lag_counts: dict[str, int]  # accepted groups by version lag ("0", "1", ...)
     nodes: list[NodeRow]
+    episodes_per_s: float = 0.0  # multi-turn work: accepted episodes/s over the rate window, all nodes
     tree: Any  # the relay tree (broadcast TreeView) or None
 
 
@@ -293,7 +294,7 @@ class RunStats:
                     trained_groups=self.trained_groups, tokens_generated=self.tokens, tokens_per_s=round3(last[0]),
                     rollouts_per_s=round3(last[1]), refused=dict(self.refused), dropped=dict(self.dropped),
                     lag_counts={str(k): v for k, v in sorted(self.lag_counts.items())}, nodes=nodes,
-                    tree=tree)
+                    tree=tree, episodes_per_s=round3(sum(n.episodes_per_s for n in nodes)))
 
     def overview(self, window_s: float = RATE_WINDOW_S) -> Overview:
         return Overview(**self._figures(window_s))
