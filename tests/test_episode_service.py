@@ -1,7 +1,7 @@
 """Multi-turn work through the trainer's real node service (zmq), with clients that build episodes by the
 node's rules: the hand-out names the environment and the item (never its answer); honest episodes are
 accepted with their masks and counted; a forged observation is fraud; a replay bomb of the python tool
-costs the trainer no more than its budget; a run closed to strangers registers only trusted keys."""
+costs the trainer no more than its budget (tests/adversarial/test_replay_bomb.py); a run closed to strangers registers only trusted keys."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import msgspec
 import pytest
 
 from rewards.registry import make_task
-from rewards.sandbox import available
 from rewards.token_episode import TokenEpisode
 from swarm_common import protocol as P
 from swarm_common.keys import KeyPair
@@ -106,37 +105,6 @@ def test_honest_episodes_are_accepted_and_a_forged_observation_is_fraud(tmp_path
             await c.send(P.RolloutSubmission(node_id=kp.public_hex, version=0, gen_seconds=0.1,
                                              rollouts=[P.Rollout(w2.assignments[0].assignment_id, [s, s])]))
             assert (await c.recv()).refused == {w2.assignments[0].assignment_id: "wrong_group_size"}
-        finally:
-            c.close()
-            await srv.stop()
-
-    asyncio.run(go())
-
-
-@pytest.mark.skipif(bool(available()), reason=str(available()))
-def test_a_replay_bomb_costs_the_trainer_its_budget_only(tmp_path):
-    """Every episode calls an endless loop: the replay stops at the budget (1.5 s per group here), refuses
-    the rest as replay_budget (no strike: an honest model can write a loop) and audits the node in full."""
-
-    async def go():
-        kp = KeyPair.generate()
-        srv = await serve(tmp_path, "python", [kp.public_hex], replay_sandbox_s=1.5, max_episode_tokens=400)
-        c = Client(srv.cfg.server.port, kp)
-        try:
-            assert isinstance(await _register(c), P.Registered)
-            await c.ask(2)
-            work = await c.recv()
-            bomb = [episodes(work, a, ["[python('while True: pass')]", "[python('while True: pass')]", "1"])
-                    for a in work.assignments]
-            t0 = time.monotonic()
-            await c.send(P.RolloutSubmission(node_id=kp.public_hex, version=0, gen_seconds=0.1,
-                                             rollouts=[P.Rollout(a.assignment_id, [], e)
-                                                       for a, e in zip(work.assignments, bomb, strict=True)]))
-            res = await c.recv(timeout=60)
-            spent = time.monotonic() - t0
-            assert set(res.refused.values()) == {"replay_budget"}, res
-            assert spent < 2 * 1.5 + 2 * 3.0 + 2  # the budget, and at most one call past it per group
-            assert srv.guard.strikes[kp.public_hex] == 0 and kp.public_hex in srv.guard.suspects
         finally:
             c.close()
             await srv.stop()
