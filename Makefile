@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 EXTRA   ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP   := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: install browser netlab-tools demo test bench vs-trl lint clean
+.PHONY: install browser netlab-tools sandbox demo test bench vs-trl lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,10 +21,10 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) sandbox
 	$(VENV)/bin/swarm demo $(ARGS)
 
-test: $(STAMP) browser netlab-tools
+test: $(STAMP) browser netlab-tools sandbox
 	$(PY) -m pytest -q $(ARGS)
 
 # The web view's browser test drives Debian's chromium through Playwright (the dev extra); Playwright
@@ -35,6 +35,11 @@ browser:
 # The network lab's NAT and firewalled hosts (tests/netlab/lab.py) are made with Debian's nftables.
 netlab-tools:
 	command -v nft >/dev/null 2>&1 || { apt-get update && apt-get install -y nftables; }
+
+# The python tool's sandbox (rewards/sandbox.py): Debian's bubblewrap, running Debian's python3. As root,
+# like chromium; a node that serves the python environment needs them too.
+sandbox:
+	command -v bwrap >/dev/null 2>&1 && test -x /usr/bin/python3 || { apt-get update && apt-get install -y bubblewrap python3; }
 
 bench: $(STAMP)
 	$(PY) bench/node.py

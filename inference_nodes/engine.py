@@ -48,6 +48,15 @@ def _retie_embeddings(worker) -> bool:
     return True
 
 
+def model_context(model_dir: str | Path, cap: int = 1024) -> int:
+    """The engine's context: the model's own (max_position_embeddings), at most `cap` tokens (episodes
+    need more than a single answer; the KV cache must hold at least one such sequence)."""
+    import json
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return min(int(cfg.get("max_position_embeddings", 256)), cap)
+
+
 def _is_cpu() -> bool:
     try:
         import torch
@@ -83,6 +92,7 @@ class Engine:
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
         )
+        self.max_model_len = max_model_len
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_token_id = self.tokenizer.eos_token_id
         # The first sampled generate compiles vLLM's sampler (torch.compile: 12 s on CPU with a cold
@@ -122,6 +132,24 @@ class Engine:
             result.append(group)
         eos = self.eos_token_id
         return result, [[t for t in o.outputs[0].token_ids if t != eos] for o in outs[len(prompts) :]]
+
+    def turns(self, seqs: list[list[int]], budgets: list[int], temperature: float, top_p: float,
+              stop_id: int) -> list[GenSample]:
+        """One sampled turn for each sequence (an episode so far), each with its own budget of tokens, in
+        one engine pass. Only `stop_id` ends a turn (another end-of-sequence id of the model's config
+        does not), and it is kept as the turn's last token, as for single-turn samples."""
+        from vllm import SamplingParams, TokensPrompt
+
+        params = [SamplingParams(n=1, max_tokens=b, temperature=temperature, top_p=top_p, logprobs=0,
+                                 ignore_eos=True, stop_token_ids=[stop_id]) for b in budgets]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], params, use_tqdm=False)
+        result = []
+        for out in outs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            result.append(GenSample(ids, [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)],
+                                    "stop" if ids and ids[-1] == stop_id else "length"))
+        return result
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         """Greedy completions of `prompts` (without the EOS)."""

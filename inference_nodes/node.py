@@ -24,6 +24,7 @@ from aiohttp import web
 
 from broadcast.addresses import is_loopback
 from broadcast.peer import Peer, PeerConfig
+from inference_nodes.episodes import EpisodeRunner
 from swarm_common import proof_of_work
 from swarm_common import protocol as P
 from swarm_common.chat import encode_prompt
@@ -71,6 +72,7 @@ class Node:
         self.peer: Peer | None = None
 
         self.engine = None
+        self.episodes = EpisodeRunner()  # multi-turn work: the environments the trainer names
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.loaded = -1
         self.latest: P.WeightsInfo | None = None
@@ -91,9 +93,9 @@ class Node:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def _start_engine(self, model_dir: Path) -> None:
-        from inference_nodes.engine import Engine
+        from inference_nodes.engine import Engine, model_context
 
-        self.engine = Engine(model_dir, seed=self.seed)
+        self.engine = Engine(model_dir, seed=self.seed, max_model_len=model_context(model_dir))
         self._probe_ids = encode_prompt(self.engine.tokenizer, self.probe_prompt)
 
     def _trusted_key(self, offered: str) -> bytes:
@@ -261,7 +263,33 @@ class Node:
                 continue  # load the newer version first (top of the loop)
             await self._generate(reply)
 
+    async def _episodes(self, work: P.WorkAssignment) -> None:
+        """Multi-turn work: G episodes per assignment, the environment beside the engine (episodes.py)."""
+        longest = max(len(a.prompt_token_ids) for a in work.assignments)
+        no_item = any(a.item is None for a in work.assignments)
+        if longest + work.env.max_episode_tokens > self.engine.max_model_len or no_item:
+            log.error("cannot run this work: episodes of %d tokens after a %d-token prompt exceed the engine's "
+                      "%d (or an assignment names no item)", work.env.max_episode_tokens, longest,
+                      self.engine.max_model_len)
+            await asyncio.sleep(5.0)
+            return
+        t0 = time.perf_counter()
+        rollouts, st = await self._on_engine(self.episodes.run, self.engine, work)
+        secs = time.perf_counter() - t0
+        self.status.tokens_generated += st.sampled_tokens
+        self.status.tokens_per_s = st.sampled_tokens / max(secs, 1e-9)
+        self.status.episodes += st.episodes
+        self.status.turns += st.turns
+        self.status.tool_calls += st.tool_calls
+        self.status.tool_errors += st.tool_errors
+        await self._send(P.RolloutSubmission(node_id=self.node_id, version=self.loaded, rollouts=rollouts,
+                                             gen_seconds=secs))
+        self.status.rollouts_submitted += len(rollouts)
+        await self._probe()
+
     async def _generate(self, work: P.WorkAssignment) -> None:
+        if work.env is not None:
+            return await self._episodes(work)
         s = work.sampling
         version = self.loaded
         # The probe rides along with a version's first batch rather than run between loading the version

@@ -14,10 +14,16 @@ from swarm_common.hf_config import hoist_rope_theta
 
 EOS = "<|endoftext|>"
 SPECIALS = [EOS, "<|im_start|>", "<|im_end|>"]
-# The tiny model sees prompts as "question=" and answers after the "=".
+# The tiny model sees a prompt as "question=" and answers after the "="; its turn ends with the stop token
+# (EOS). In an episode a tool's result follows as <|im_start|>result<|im_end|>, and a user's reply (game
+# feedback) as "reply=", each followed at once by the model's next turn. System messages are not shown.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}={% endif %}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'user' -%}{{ m['content'] }}="
+    "{%- elif m['role'] == 'assistant' -%}{{ m['content'] }}<|endoftext|>"
+    "{%- elif m['role'] == 'tool' -%}<|im_start|>{{ m['content'] }}<|im_end|>"
+    "{%- endif -%}"
+    "{%- endfor -%}"
 )
 
 TINY_CONFIG = dict(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from rewards.arithmetic import ArithmeticTask
 from rewards.base import Task
+from rewards.calculator import CalculatorEnv
+from rewards.guess import GuessEnv
 
-TASKS = {"arithmetic": ArithmeticTask}
+TASKS = {"arithmetic": ArithmeticTask, "calculator": CalculatorEnv, "guess": GuessEnv}
 
 
 def make_task(name: str, **params) -> Task:
@@ -17,6 +19,10 @@ def make_task(name: str, **params) -> Task:
         if name != "gym":
             params = {**params, "dataset": name[4:]}
         return GymTask(**params)
+    if name == "python":  # the code tool: its sandbox is only looked for when it is used
+        from rewards.python_tool import PythonEnv
+
+        return PythonEnv(**params)
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known: {', '.join(sorted(TASKS))}, gym:DATASET")
+        raise ValueError(f"unknown task {name!r}; known: {', '.join(sorted(TASKS))}, python, gym:DATASET")
     return TASKS[name](**params)

@@ -203,11 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
         "127.0.0.1, show live progress and finish with a summary table. Exit code 0 when the run learned."))
     p.add_argument("config", nargs="?", help="a TOML config (default: the built-in demo settings)")
     add_run_flags(p)
+    p.add_argument("--task", metavar="ENV", help="a multi-turn demo: an environment (calculator, guess) run with "
+                   "its config, configs/ENV.toml (default: single-turn arithmetic)")
     p.add_argument("--nodes", type=int, default=2, help="inference nodes to start")
     p.add_argument("--minutes", type=float, default=4.0, help="minutes of RL after start-up")
     p.add_argument("--json", metavar="FILE", help="also write the run's figures (eval curve etc.) to FILE")
-    p.add_argument("--min-gain", type=float, default=0.30,
-                   help="held-out accuracy gain over the start for the demo to count as learned")
+    p.add_argument("--min-gain", type=float, default=None,
+                   help="held-out accuracy gain over the start for the demo to count as learned (default 0.30, "
+                   "0.20 with --task)")
     p.set_defaults(fn=cmd_demo)
     return parser
 

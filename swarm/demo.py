@@ -79,7 +79,19 @@ def _fmt_progress(s: dict, t0: float) -> str:
     return " | ".join(parts)
 
 
+def demo_config(args) -> None:
+    """`--task ENV`: the environment's config (configs/ENV.toml) unless a config is given, and its target."""
+    if args.task:
+        path = Path(__file__).resolve().parent.parent / "configs" / f"{args.task}.toml"
+        if not args.config and not path.exists():
+            raise ValueError(f"no demo config for {args.task!r} ({path}); pass a config and --set task.name=...")
+        args.config = args.config or str(path)
+    if args.min_gain is None:
+        args.min_gain = 0.20 if args.task else 0.30
+
+
 def run_demo(args) -> int:
+    demo_config(args)
     # The ports are picked below (free ones when the defaults are taken), not passed through as overrides.
     flags = argparse.Namespace(**{**vars(args), "port": None, "http_port": None, "web_port": None})
     cfg = load_config(args.config, [*run_overrides(flags), f"train.max_minutes={args.minutes}"])

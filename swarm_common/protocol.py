@@ -11,7 +11,7 @@ ranges (`validate`). Anything that fails raises `ProtocolError`, which the recei
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urljoin
 
 import msgspec
@@ -78,9 +78,23 @@ class Sample(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
     finish_reason: FinishReason
 
 
+class Episode(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
+    """One multi-turn sample: every token after the prompt, as the engine and the environment made them.
+
+    The node never re-tokenizes: each turn's sampled ids are the engine's, the environment's answers are
+    the ids `swarm_common.chat.observation_ids` gives them. The trainer replays the episode and requires
+    the same environment ids (trainer/episode_check.py)."""
+
+    token_ids: list[int]  # each turn's sampled tokens, with the environment's tokens between turns
+    mask: list[bool]  # per token: True sampled by the model, False written by the environment
+    logprobs: list[float]  # the sampling log-prob of each sampled token, in order (one per True in mask)
+    finish_reason: FinishReason  # stop: the environment ended it (done, or max_turns); length: out of tokens
+
+
 class Rollout(msgspec.Struct, forbid_unknown_fields=True):
     assignment_id: str
-    samples: list[Sample]
+    samples: list[Sample]  # single-turn work: G completions
+    episodes: list[Episode] = []  # multi-turn work (the assignment names an environment): G episodes
 
 
 class RolloutSubmission(msgspec.Struct, tag="submission", forbid_unknown_fields=True):
@@ -100,9 +114,27 @@ class SamplingSpec(msgspec.Struct, forbid_unknown_fields=True):
     top_p: float
 
 
+class EpisodeItem(msgspec.Struct, forbid_unknown_fields=True):
+    """What an environment needs of a task item to run its episodes: never its answer."""
+
+    id: str
+    prompt: str
+    meta: dict[str, str]
+
+
+class EnvSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """The environment whose episodes a node runs: a name its registry knows (rewards/registry.py) and the
+    parameters the trainer built it with, so both run the same one."""
+
+    name: str
+    params: dict[str, Any]
+    max_episode_tokens: int  # tokens after the prompt, sampled and environment's together
+
+
 class Assignment(msgspec.Struct, forbid_unknown_fields=True):
     assignment_id: str
     prompt_token_ids: list[int]
+    item: EpisodeItem | None = None  # with multi-turn work: the item the episodes start from
 
 
 class WeightsInfo(msgspec.Struct, forbid_unknown_fields=True):
@@ -148,6 +180,7 @@ class WorkAssignment(msgspec.Struct, tag="work", forbid_unknown_fields=True):
     assignments: list[Assignment]
     sampling: SamplingSpec
     retry_after_s: float = 0.0  # when `assignments` is empty: ask again after this long
+    env: EnvSpec | None = None  # multi-turn work: the environment; `sampling.max_tokens` is per turn
 
 
 class SubmissionResult(msgspec.Struct, tag="result", forbid_unknown_fields=True):
@@ -176,6 +209,10 @@ class NodeStatus(msgspec.Struct, forbid_unknown_fields=True):
     reload_seconds: list[float]
     relay_url: str = ""  # where other peers fetch from this node's relay ("" : it serves no one)
     relay_reachable: bool | None = None  # the tracker's connect-back check (None: not checked)
+    episodes: int = 0  # multi-turn work: episodes run, their turns, tool calls and failed tool calls
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
 
 
 class Error(msgspec.Struct, tag="error", forbid_unknown_fields=True):
@@ -285,9 +322,14 @@ def validate(msg: Message) -> None:
         _check(0 < len(msg.rollouts) <= 1024, "a submission holds 1..1024 rollouts")
         for r in msg.rollouts:
             _short_id(r.assignment_id, "assignment_id")
-            _check(0 < len(r.samples) <= 1024, "a rollout holds 1..1024 samples")
+            _check(not (r.samples and r.episodes), "a rollout holds samples or episodes, not both")
+            _check(0 < len(r.samples) + len(r.episodes) <= 1024, "a rollout holds 1..1024 samples")
             for s in r.samples:
                 _check(len(s.token_ids) == len(s.logprobs), "token_ids and logprobs differ in length")
                 _check(len(s.token_ids) > 0, "a sample has no tokens")
+            for e in r.episodes:
+                _check(len(e.token_ids) == len(e.mask), "token_ids and mask differ in length")
+                _check(len(e.logprobs) == sum(e.mask), "one log-prob per sampled token")
+                _check(len(e.token_ids) > 0 and e.mask[0], "an episode starts with a sampled token")
     elif isinstance(msg, Error):
         _check(len(msg.message) <= MAX_TEXT_LEN, "error message too long")

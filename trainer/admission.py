@@ -23,8 +23,10 @@ MAX_ADDRESSES = 100_000  # token buckets kept at once; the oldest go first
 
 
 class Admission:
-    def __init__(self, run_dir: str | Path, cfg: GuardConfig):
-        self.cfg = cfg
+    def __init__(self, run_dir: str | Path, cfg: GuardConfig, open_to_strangers: bool = True):
+        """`open_to_strangers` False: only guard.trusted keys register (task.open_to_strangers: episodes of
+        an environment the trainer cannot replay go to the operator's own nodes only)."""
+        self.cfg, self.open_to_strangers = cfg, open_to_strangers
         self.buckets: dict[str, tuple[float, float]] = {}  # source address -> (tokens, last update)
         self.path = Path(run_dir) / "invites.json"
         # invite token -> the key it admitted: a token admits one key, again and again.
@@ -53,6 +55,9 @@ class Admission:
 
     def check(self, msg: P.Register, established: bool) -> P.Error | None:
         """The admission cost of a key that is not established: a proof of work, an invite, or both."""
+        if not self.open_to_strangers and msg.node_id not in self.cfg.trusted:
+            return P.Error(code="not_allowed", message="this run's environment cannot be replayed by the trainer: "
+                           "only the operator's own nodes (guard.trusted) run its episodes")
         if established:
             return None
         bits = self.cfg.register_pow_bits

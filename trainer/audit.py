@@ -93,16 +93,19 @@ class Auditor:
         return self.rng.random() < self.cfg.rate
 
     @torch.no_grad()
-    def audit(self, prompt_ids: list[int], samples: list[P.Sample], version: int) -> AuditResult:
+    def audit(self, prompt_ids: list[int], samples: list[P.Sample], version: int,
+              masks: list[list[bool]] | None = None) -> AuditResult:
+        """`masks`: for episodes, which tokens were sampled; only those are compared (the environment's
+        tokens have no sampling log-prob, and the replay has checked them exactly)."""
         with self.lock:
             model = self.load(version)
             if model is None:
                 return AuditResult("unknown_version", 0.0, 0.0)
             b = pack_groups([prompt_ids], [[s.token_ids for s in samples]], [[s.logprobs for s in samples]],
-                            self.pad_id)
+                            self.pad_id, masks=[masks])
             logits = completion_logits(model, b)
         logprobs = torch.log_softmax(logits / self.temperature, dim=-1)
-        mask = b.completion_mask.bool()
+        mask = b.loss_mask.bool()
         targets = b.completion_ids
         ours = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         diff = ((ours - b.old_logp).abs() * mask).max().item()

@@ -47,6 +47,17 @@ class TaskConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     )
     eval_size: int = 120
     seed: int = 0
+    # Environments (multi-turn tasks: calculator, guess, python; rewards/registry.py). train.max_tokens is
+    # then per turn; an episode's tokens after the prompt (sampled and the environment's) are at most:
+    max_episode_tokens: int = 192
+    # Sandbox seconds (wall) the trainer may spend replaying the tool calls (the python tool) of a submission,
+    # per group in it: past them the rest is refused (replay_budget) and the node is audited in full from
+    # then on, so a replay bomb costs its sender its work, not the run its time. An honest group of 8
+    # episodes with two short programs each takes ~1 s here.
+    replay_sandbox_s: float = 10.0
+    # May nodes that are not in guard.trusted run this task's episodes? Only an environment the trainer can
+    # replay (Environment.replayable) may be open to strangers; the trainer refuses to start otherwise.
+    open_to_strangers: bool = True
 
 
 class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -41,6 +41,9 @@ FRAUD = frozenset({
     "bad_length", "bad_token", "bad_logprob", "bad_finish", "wrong_group_size", "unassigned",
     "future_version", "unknown_version", "logprob_mismatch", "implausible_token", "outside_top_p",
     "cherry_picking",
+    # an episode the trainer's replay does not reproduce (trainer/episode_check.py)
+    "bad_episode", "bad_mask", "observation_mismatch", "missing_observation", "unexpected_observation",
+    "cut_short",
 })
 
 

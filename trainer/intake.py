@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from rewards.base import Task, TaskItem
 from swarm_common import protocol as P
+from trainer.episode_check import Replayed, as_samples, check_shape
 
 
 @dataclass
@@ -36,10 +37,11 @@ class Group:
     node_id: str
     item: TaskItem
     prompt_ids: list[int]
-    samples: list[P.Sample]
+    samples: list[P.Sample]  # episodes as samples: every token, log-prob 0 at the environment's
     rewards: list[float]
     correct: list[float]
     version: int  # the policy version the samples came from
+    masks: list[list[bool]] | None = None  # episodes: which tokens were sampled (the rest: environment's)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class Limits:
     eos_id: int
     max_lag: int
     correct_metric: str = "correct"
+    episodes: bool = False  # the task is an environment: rollouts hold episodes, not samples
+    max_episode_tokens: int = 0  # an episode's tokens after the prompt, sampled and environment's
+    replay_sandbox_s: float = 10.0  # sandbox seconds a submission's replay may spend, per group
 
 
 def check_sample(s: P.Sample, lim: Limits) -> str | None:
@@ -86,10 +91,14 @@ def check_rollout(r: P.Rollout, held: Held | None, node_id: str, version: int, l
         return "late"
     if version < held.version - lim.max_lag:
         return "stale"
-    if len(r.samples) != lim.group_size:
+    if len(r.episodes if lim.episodes else r.samples) != lim.group_size or (r.samples if lim.episodes else r.episodes):
         return "wrong_group_size"
     for s in r.samples:
         reason = check_sample(s, lim)
+        if reason:
+            return reason
+    for e in r.episodes:
+        reason = check_shape(e, lim.vocab_size, lim.max_episode_tokens)
         if reason:
             return reason
     return None
@@ -104,3 +113,10 @@ def score_group(task: Task, held: Held, samples: list[P.Sample], version: int, n
         rewards.append(score.reward)
         correct.append(score.metrics.get(lim.correct_metric, 0.0))
     return Group(held.assignment_id, node_id, held.item, held.prompt_ids, samples, rewards, correct, version)
+
+
+def episode_group(held: Held, episodes: list[P.Episode], replays: list[Replayed], version: int, node_id: str) -> Group:
+    """An accepted group of episodes, with the rewards of the trainer's own replay."""
+    samples, masks = as_samples(episodes)
+    return Group(held.assignment_id, node_id, held.item, held.prompt_ids, samples, [r.reward for r in replays],
+                 [r.correct for r in replays], version, masks)

@@ -42,8 +42,9 @@ class TrainGroup(msgspec.Struct, array_like=True):
 
     prompt_ids: list[int]
     completions: list[list[int]]
-    logprobs: list[list[float]]  # the sampler's log-prob of each completion token
+    logprobs: list[list[float]]  # the sampler's log-prob of each completion token (0 at environment tokens)
     advantages: list[float]  # one per completion
+    masks: list[list[bool]] | None = None  # episodes: which tokens were sampled (only those are trained)
 
 
 def prepare(groups: list[Group], scale_adv_by_std: bool) -> tuple[list[TrainGroup], float, dict[str, float]]:
@@ -55,11 +56,19 @@ def prepare(groups: list[Group], scale_adv_by_std: bool) -> tuple[list[TrainGrou
     rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
     adv = group_advantages(rewards, scale_adv_by_std)
     work = [TrainGroup(g.prompt_ids, [s.token_ids for s in g.samples], [s.logprobs for s in g.samples],
-                       [float(a) for a in adv[i, : len(g.samples)]])
+                       [float(a) for a in adv[i, : len(g.samples)]], getattr(g, "masks", None))
             for i, g in enumerate(groups) if has_signal(g.rewards)]
-    total_tokens = float(sum(len(s.token_ids) for g in groups for s in g.samples))
+    total_tokens = float(sum(sampled_tokens(g) for g in groups))
     stats = {"zero_adv_groups": float(len(groups) - len(work)), "groups": float(len(groups))}
     return work, total_tokens, stats
+
+
+def sampled_tokens(g: Group) -> int:
+    """The tokens of a group the model sampled: all of a completion's, an episode's turns only."""
+    masks = getattr(g, "masks", None)
+    if masks is None:
+        return sum(len(s.token_ids) for s in g.samples)
+    return sum(sum(m) for m in masks)
 
 
 def micro_batches(work: list[TrainGroup], micro_batch: int) -> list[list[TrainGroup]]:
@@ -73,14 +82,14 @@ def backward(model, ref, mb: list[TrainGroup], pad_id: int, temperature: float, 
     """Accumulate one micro-batch's gradient, its loss scaled to the whole batch's token count; returns
     its diagnostics as sums over its tokens (a mean is a sum divided by "tokens")."""
     b = pack_groups([g.prompt_ids for g in mb], [g.completions for g in mb], [g.logprobs for g in mb], pad_id,
-                    min_len)
+                    min_len, [g.masks for g in mb])
     advs = torch.tensor([a for g in mb for a in g.advantages])
     logp = completion_logprobs(model, b, temperature)
     ref_logp = None
     if ref is not None:
         with torch.no_grad():
             ref_logp = completion_logprobs(ref, b, temperature)
-    loss, st = grpo_loss(logp, b.old_logp, advs, b.completion_mask, cfg, ref_logp)
+    loss, st = grpo_loss(logp, b.old_logp, advs, b.loss_mask, cfg, ref_logp)
     # grpo_loss normalises by this micro-batch's tokens; rescale to the whole batch's count.
     (loss * (st["tokens"] / total_tokens)).backward()
     n = st.pop("tokens")

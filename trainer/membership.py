@@ -36,7 +36,7 @@ class Membership:
         self.work, self.share, self.probation, self.newcomers = work, share, probation, newcomers
         self.tracker_url, self.trainer_key, self.sampling = tracker_url, trainer_key, sampling
         self.weights_info = weights_info
-        self.admission = Admission(cfg.run_dir, cfg.guard)
+        self.admission = Admission(cfg.run_dir, cfg.guard, cfg.task.open_to_strangers)
         self.idents: dict[str, bytes] = {}  # node id -> zmq routing identity
 
     def register(self, ident: bytes, msg: P.Register, source: str) -> P.Message:

@@ -28,7 +28,7 @@ def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
         return path
     out = Path(cfg.run_dir) / "base-model"
-    recipe = msgspec.json.encode({"model": cfg.model, "task": cfg.task, "v": 2})
+    recipe = msgspec.json.encode({"model": cfg.model, "task": cfg.task, "v": 3})  # v3: the chat template renders episodes
     stamp = hashlib.sha256(recipe).hexdigest()
     stamp_file = out / "recipe.sha256"
     if stamp_file.exists() and stamp_file.read_text().strip() == stamp:
@@ -45,7 +45,8 @@ def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
         model, tok = load_model(out), load_tokenizer(out)
         task = make_task(cfg.task.name, **cfg.task.params)
         sft_warmup(model, tok, task, cfg.model.sft_steps, batch_size=cfg.model.sft_batch, lr=cfg.model.sft_lr,
-                   seed=cfg.model.seed + 1, out_dir=out, progress=progress)
+                   seed=cfg.model.seed + 1, out_dir=out, progress=progress,
+                   max_episode_tokens=cfg.task.max_episode_tokens)
         hoist_rope_theta(out)  # sft_warmup saved it anew, with rope_theta nested
     stamp_file.write_text(stamp + "\n")
     return out

@@ -21,6 +21,11 @@ class NodeRecord:
     # Where the key stands with the trainer: "trusted" (guard.trusted), "established" (passed probation),
     # "probation" (its groups wait for the paired test), or "open" (probation off: guard.probation_groups 0).
     standing: str = "probation"
+    # Multi-turn work: accepted episodes, their turns, tool calls and tool calls that failed.
+    episodes: int = 0
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
 
 
 class NodeRegistry:

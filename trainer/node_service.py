@@ -23,8 +23,8 @@ import zmq
 import zmq.asyncio
 
 from rewards.base import Task, TaskItem
+from rewards.token_episode import handout, prompt_ids
 from swarm_common import protocol as P
-from swarm_common.chat import encode_prompt
 from trainer.audit import Auditor
 from trainer.batch_buffer import BatchBuffer
 from trainer.checkpoint import TrainerState
@@ -70,7 +70,7 @@ class NodeService:
         t = cfg.train
         self.sampling = P.SamplingSpec(n=t.group_size, max_tokens=t.max_tokens, temperature=t.temperature,
                                        top_p=t.top_p)
-        self.work = WorkHandout(items, lambda text: encode_prompt(tokenizer, text, task.system_prompt),
+        self.work = WorkHandout(items, lambda item: prompt_ids(task, tokenizer, item),
                                 self.sampling, inflight_groups=t.inflight_groups, max_lag=t.max_lag,
                                 work_lag=t.work_lag, max_held=cfg.guard.max_held,
                                 duplicate_share=cfg.guard.duplicate_share,
@@ -78,11 +78,13 @@ class NodeService:
                                 assignment_timeout_s=cfg.server.assignment_timeout_s, seed=t.seed,
                                 pair_window=cfg.guard.pair_window)
         self.work.is_reference = guard.is_reference
+        self.work.env, self.work.episode_item = handout(task, cfg.task.max_episode_tokens)  # multi-turn work
         self.share = WorkShare(cfg.guard, t.inflight_groups)
         self.probation = Probation(guard, cfg.guard.probation_groups)
         self.buffer = BatchBuffer()
         limits = Limits(t.group_size, t.max_tokens, vocab_size, tokenizer.eos_token_id, t.max_lag,
-                        task.correct_metric)
+                        task.correct_metric, self.work.env is not None, cfg.task.max_episode_tokens,
+                        cfg.task.replay_sandbox_s)
         self.intake = Intake(task, tokenizer, limits, self.work, guard, self.probation, self.buffer, auditor,
                              stats, ledger.accepted, self._drop, t.dynamic_sampling)
         reference = None

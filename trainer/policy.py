@@ -56,17 +56,25 @@ class GroupedBatch:
     prompt_mask: torch.Tensor  # [P, Lp]
     owner: torch.Tensor  # [N] the prompt row of each completion
     completion_ids: torch.Tensor  # [N, Lc] right-padded
-    completion_mask: torch.Tensor  # [N, Lc] float, 1 for real tokens
+    completion_mask: torch.Tensor  # [N, Lc] float, 1 for real tokens (what attention sees)
     old_logp: torch.Tensor  # [N, Lc] the sampler's log-probs, 0 at padding
+    # [N, Lc] float, 1 for the tokens the model sampled: what the loss trains and the audit checks. An
+    # episode's environment tokens are real (attended to) but not sampled; elsewhere it is completion_mask.
+    loss_mask: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.loss_mask is None:
+            self.loss_mask = self.completion_mask
 
 
 def pack_groups(
     prompts: list[list[int]], completions: list[list[list[int]]], old_logps: list[list[list[float]]] | None,
-    pad_id: int, min_len: int = 0,
+    pad_id: int, min_len: int = 0, masks: list[list[list[bool]] | None] | None = None,
 ) -> GroupedBatch:
     """prompts[i] with its completions[i][j] (and their sampling log-probs old_logps[i][j]), the
     completions padded to at least `min_len` tokens (a sharded learner needs every micro-batch to make
-    the same passes through the model: two when a completion is longer than one token)."""
+    the same passes through the model: two when a completion is longer than one token). `masks[i][j]`:
+    which of an episode's tokens were sampled (None: all of them)."""
     Lp = max(len(p) for p in prompts)
     pids = torch.full((len(prompts), Lp), pad_id, dtype=torch.long)
     pmask = torch.zeros((len(prompts), Lp), dtype=torch.long)
@@ -84,7 +92,13 @@ def pack_groups(
         if old_logps is not None:
             old[k, : len(c)] = torch.tensor(old_logps[i][j], dtype=old.dtype)
     owner = torch.tensor([i for i, *_ in flat], dtype=torch.long)
-    return GroupedBatch(pids, pmask, owner, cids, cmask, old)
+    loss = None
+    if masks is not None and any(m is not None for m in masks):
+        loss = cmask.clone()
+        for k, (i, j, c) in enumerate(flat):
+            if masks[i] is not None:
+                loss[k, : len(c)] = torch.tensor(masks[i][j], dtype=loss.dtype)
+    return GroupedBatch(pids, pmask, owner, cids, cmask, old, loss)
 
 
 def completion_logprobs(model, b: GroupedBatch, temperature: float = 1.0) -> torch.Tensor:

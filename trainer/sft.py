@@ -14,7 +14,9 @@ import torch
 from tqdm import tqdm
 
 from rewards.base import Task
-from trainer.policy import encode_prompt, pack, sequence_logprobs
+from rewards.environment import Environment
+from rewards.token_episode import demonstration_ids, prompt_ids
+from trainer.policy import pack, sequence_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,10 @@ def sft_warmup(
     seed: int = 1234,
     out_dir: str | Path | None = None,
     progress: bool = True,
+    max_episode_tokens: int = 192,
 ) -> None:
+    """`steps` of supervised learning on the task's answers, or, for an environment, on its worked
+    episodes (`Environment.demonstration`: its tool-call format and the turns' shape)."""
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
@@ -37,13 +42,22 @@ def sft_warmup(
     eos = tokenizer.eos_token_id
     model.train()
     bar = tqdm(range(steps), desc="sft warm-up", disable=not progress, unit="step")
+    env = task if isinstance(task, Environment) else None
     for _ in bar:
         batch_items = list(itertools.islice(items, batch_size))
-        prompts = [encode_prompt(tokenizer, it.prompt, task.system_prompt) for it in batch_items]
-        answers = [tokenizer(it.answer, add_special_tokens=False)["input_ids"] + [eos] for it in batch_items]
-        b = pack(prompts, answers, None, tokenizer.pad_token_id)
+        prompts = [prompt_ids(task, tokenizer, it) for it in batch_items]
+        if env is None:  # the answer, then the stop token
+            answers = [tokenizer(it.answer, add_special_tokens=False)["input_ids"] + [eos] for it in batch_items]
+            b = pack(prompts, answers, None, tokenizer.pad_token_id)
+            mask = b.completion_mask
+        else:  # a worked episode: the model's turns are trained, the environment's answers only read
+            demos = [demonstration_ids(env, tokenizer, it, max_episode_tokens) for it in batch_items]
+            b = pack(prompts, [ids for ids, _ in demos], None, tokenizer.pad_token_id)
+            mask = torch.zeros_like(b.completion_mask)
+            for i, (p, (ids, m)) in enumerate(zip(prompts, demos, strict=True)):
+                mask[i, len(p) - 1 : len(p) - 1 + len(ids)] = torch.tensor(m, dtype=mask.dtype)
         logp = sequence_logprobs(model, b)
-        loss = -(logp * b.completion_mask).sum() / b.completion_mask.sum()
+        loss = -(logp * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

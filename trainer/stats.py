@@ -37,6 +37,12 @@ class NodeRow(msgspec.Struct):
     relay_url: str = ""  # where its relay serves the tree ("": no relay, or not in the tree)
     relay_reachable: bool | None = None  # the tracker's connect-back check; False: a download-only leaf
     standing: str = ""  # trusted, established, probation or open (trainer/node_registry.py)
+    # Multi-turn work (0 otherwise): accepted episodes/s, and per accepted episode its mean turns, tool
+    # calls, and the share of tool calls that failed.
+    episodes_per_s: float = 0.0
+    mean_turns: float = 0.0
+    tool_calls_per_episode: float = 0.0
+    tool_error_rate: float = 0.0
 
 
 class StepRow(msgspec.Struct):
@@ -95,6 +101,7 @@ class Overview(msgspec.Struct, kw_only=True):
     lag_counts: dict[str, int]  # accepted groups by version lag ("0", "1", ...)
     nodes: list[NodeRow]  # every key but the silent ones
     tree: Any  # the relay tree (broadcast TreeView) or None
+    episodes_per_s: float = 0.0  # multi-turn work: accepted episodes/s over the rate window, all nodes
     # Keys on probation and whether anyone can be paired with them (trainer/newcomers.py's Pairing), or None.
     pairing: Any = None
     silent_keys: int = 0  # registered keys, silent past gone_after_s, that never had work accepted (not listed)
@@ -114,6 +121,8 @@ class Summary(Overview, kw_only=True):
     quarantined: int = 0  # groups of nodes on probation, waiting to be released to the learner
     snapshots: list[SnapshotRow] = []  # kept copies of the policy (train.snapshot_every)
     first_work_s: float | None = None  # RL seconds when a node first got work (it had weights loaded)
+    episodes: int = 0  # accepted episodes (multi-turn work)
+    replay_seconds: float = 0.0  # wall time spent replaying episodes (trainer/episode_check.py)
 
 
 class RunStats:
@@ -140,6 +149,8 @@ class RunStats:
         self.first_work_at: float | None = None  # unix time a node first got work
         self.calibration = None  # set by the trainer to the auditor's Calibration
         self.lag_counts: Counter = Counter()  # accepted groups by policy-version lag
+        self.episodes = 0
+        self.replay_seconds = 0.0
         # One sample a second (taken by the web view's ticker) for the throughput charts: an hour's worth.
         self.history: deque[ThroughputSample] = deque(maxlen=3600)
         # Returns the relay tree (a msgspec struct or dict) for the views; None until a tree exists.
@@ -164,6 +175,12 @@ class RunStats:
                                 "rate window", ["node"], registry=r)
         self.m_node_version = Gauge("swarm_node_version_loaded", "policy version the node has loaded",
                                     ["node"], registry=r)
+        self.m_episodes = PCounter("swarm_episodes", "accepted episodes (multi-turn work)", ["node"], registry=r)
+        self.m_turns = PCounter("swarm_episode_turns", "model turns in accepted episodes", ["node"], registry=r)
+        self.m_tool_calls = PCounter("swarm_tool_calls", "tool calls in accepted episodes", ["node"], registry=r)
+        self.m_tool_errors = PCounter("swarm_tool_errors", "tool calls in accepted episodes that failed",
+                                      ["node"], registry=r)
+        self.m_replay_s = PCounter("swarm_replay_seconds", "seconds spent replaying episodes", registry=r)
         self.m_node_age = Gauge("swarm_node_heartbeat_age_seconds", "seconds since the node was last heard",
                                 ["node"], registry=r)
         self.m_probation = Gauge("swarm_probation_keys", "keys on probation: all, and those with nobody to be "
@@ -225,6 +242,21 @@ class RunStats:
                 gauge.remove(rec.name)
             except KeyError:
                 pass
+
+    def episodes_accepted(self, rec: NodeRecord, n: int, turns: int, tool_calls: int, tool_errors: int) -> None:
+        """An accepted group of `n` episodes with these totals."""
+        self.episodes += n
+        rec.episodes += n
+        rec.turns += turns
+        rec.tool_calls += tool_calls
+        rec.tool_errors += tool_errors
+        for m, v in ((self.m_episodes, n), (self.m_turns, turns), (self.m_tool_calls, tool_calls),
+                     (self.m_tool_errors, tool_errors)):
+            m.labels(rec.name).inc(v)
+
+    def replayed(self, seconds: float) -> None:
+        self.replay_seconds += seconds
+        self.m_replay_s.inc(seconds)
 
     def audited(self, seconds: float) -> None:
         self.audits += 1
@@ -292,7 +324,8 @@ class RunStats:
             nodes.append(NodeRow(rec.node_id, rec.name, state, rec.version_loaded, round3(tok), round3(grp),
                                  round(rec.tokens_per_s, 1), rec.accepted_groups, round3(rec.accepted_groups / total),
                                  dict(rec.refused), round(now - rec.last_seen, 2), rec.status_url,
-                                 peer.get("url") or "", peer.get("reachable"), rec.standing))
+                                 peer.get("url") or "", peer.get("reachable"), rec.standing,
+                                 *episode_figures(rec, grp)))
             self.m_node_tps.labels(rec.name).set(round3(tok))
             self.m_node_version.labels(rec.name).set(rec.version_loaded)
             self.m_node_age.labels(rec.name).set(round(now - rec.last_seen, 2))
@@ -311,7 +344,8 @@ class RunStats:
                     trained_groups=self.trained_groups, tokens_generated=self.tokens, tokens_per_s=round3(last[0]),
                     rollouts_per_s=round3(last[1]), refused=dict(self.refused), dropped=dict(self.dropped),
                     lag_counts={str(k): v for k, v in sorted(self.lag_counts.items())}, nodes=nodes,
-                    tree=tree, pairing=pairing, silent_keys=silent, unlisted_keys=unlisted)
+                    tree=tree, pairing=pairing, silent_keys=silent, unlisted_keys=unlisted,
+                    episodes_per_s=round3(sum(n.episodes_per_s for n in nodes)))
 
     def overview(self, window_s: float = RATE_WINDOW_S) -> Overview:
         return Overview(**self._figures(window_s))
@@ -319,6 +353,7 @@ class RunStats:
     def summary(self, window_s: float = RATE_WINDOW_S) -> Summary:
         first = None if self.first_work_at is None else round(max(0.0, self.first_work_at - self.t0), 3)
         return Summary(**self._figures(window_s), run_dir=self.run_dir, steps=self.steps, evals=self.evals,
+                       episodes=self.episodes, replay_seconds=round(self.replay_seconds, 3),
                        audits=self.audits,
                        audit_calibration=self.calibration.summary() if self.calibration else {},
                        banned=sorted(self.registry.banned), audit_seconds=round(self.audit_seconds, 3),
@@ -327,3 +362,12 @@ class RunStats:
 
 def round3(x: float) -> float:
     return round(x, 3)
+
+
+def episode_figures(rec: NodeRecord, groups_per_s: float) -> tuple[float, float, float, float]:
+    """(episodes/s, mean turns, tool calls per episode, tool-error rate) of a node's accepted episodes."""
+    if not rec.episodes:
+        return 0.0, 0.0, 0.0, 0.0
+    per_group = rec.episodes / max(rec.accepted_groups, 1)
+    return (round3(groups_per_s * per_group), round3(rec.turns / rec.episodes),
+            round3(rec.tool_calls / rec.episodes), round3(rec.tool_errors / max(rec.tool_calls, 1)))

@@ -16,12 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rewards.base import Task
+from rewards.environment import Environment
+from rewards.sandbox import Budget
 from swarm_common import protocol as P
 from trainer.audit import Auditor
 from trainer.batch_buffer import BatchBuffer
+from trainer.episode_check import Replayed, as_samples, replay_group
 from trainer.grpo import has_signal
 from trainer.guard import FRAUD, Guard
-from trainer.intake import Group, Held, Limits, check_rollout, check_version, score_group
+from trainer.intake import Group, Held, Limits, check_rollout, check_version, episode_group, score_group
+from trainer.learner import sampled_tokens
 from trainer.node_registry import NodeRecord
 from trainer.probation import Probation
 from trainer.stats import RunStats
@@ -46,6 +50,7 @@ class Intake:
         self.task, self.tok, self.limits = task, tokenizer, limits
         self.work, self.guard, self.probation, self.buffer = work, guard, probation, buffer
         self.auditor, self.stats = auditor, stats
+        self.env = task if isinstance(task, Environment) else None  # episodes: replayed before anything else
         self.on_accept, self.drop = on_accept, drop
         self.dynamic_sampling = dynamic_sampling
         self.closed = False  # the run is over: no group comes in
@@ -56,8 +61,13 @@ class Intake:
 
     async def submit(self, rec: NodeRecord, sub: P.RolloutSubmission) -> Outcome:
         verdicts, helds = self._check(sub)
+        # The audit first: it is what catches sampled tokens a node made up (code chosen to be a replay bomb,
+        # say) before the replay runs any of it; then every episode is replayed.
         if self.auditor is not None and not any(v in FRAUD for v in verdicts.values()):
             await self._audit(rec, sub, verdicts, helds)
+        replays: dict[str, list[Replayed]] = {}
+        if self.env is not None and not any(v in FRAUD for v in verdicts.values()):
+            replays = await self._replay(rec, sub, verdicts, helds)
         if self.closed:  # closed while this submission was checked or audited: refuse, not lose, the rest
             verdicts = {aid: v or "run_ended" for aid, v in verdicts.items()}
         fraud = next((v for v in verdicts.values() if v in FRAUD), None)
@@ -73,6 +83,9 @@ class Intake:
                 if held is not None:
                     self.work.requeue(held.item)
                 continue
+            if self.env is not None:
+                groups.append(episode_group(held, r.episodes, replays[r.assignment_id], sub.version, sub.node_id))
+                continue
             groups.append(score_group(self.task, held, r.samples, sub.version, sub.node_id,
                                       lambda ids: self.tok.decode(ids, skip_special_tokens=True), self.limits))
         for g in groups:
@@ -86,7 +99,11 @@ class Intake:
             groups = []
         for g in groups:
             self.on_accept(g)  # on disk before the node hears "accepted"
-            self.stats.accepted(rec, sum(len(s.token_ids) for s in g.samples), self.work.version - sub.version)
+            self.stats.accepted(rec, sampled_tokens(g), self.work.version - sub.version)
+            if g.assignment_id in replays:
+                rs = replays[g.assignment_id]
+                self.stats.episodes_accepted(rec, len(rs), sum(r.turns for r in rs), sum(r.tool_calls for r in rs),
+                                    sum(r.tool_errors for r in rs))
         if on_probation:
             self.probation.admit(sub.node_id, groups)
         else:
@@ -114,6 +131,34 @@ class Intake:
             verdicts[r.assignment_id] = reason
         return verdicts, helds
 
+    async def _replay(self, rec: NodeRecord, sub: P.RolloutSubmission, verdicts: dict[str, str | None],
+                      helds: dict[str, Held]) -> dict[str, list[Replayed]]:
+        """Replay every episode that passed the checks (trainer/episode_check.py), with one sandbox budget
+        for the whole submission; a refused episode refuses its group, written into `verdicts`. A node whose
+        episodes outrun the budget is audited in full from then on: made-up code (a replay bomb) is then
+        caught by the audit, before any of it runs."""
+        sandbox = Budget(self.limits.replay_sandbox_s * len(sub.rollouts))
+        out: dict[str, list[Replayed]] = {}
+        t0 = time.perf_counter()
+        for r in sub.rollouts:
+            if verdicts[r.assignment_id] is not None:
+                continue
+            rs = await asyncio.to_thread(replay_group, self.env, helds[r.assignment_id].item, self.tok, r.episodes,
+                                         self.limits.max_tokens, self.limits.max_episode_tokens,
+                                         self.limits.vocab_size, sandbox)
+            reason = next((x.reason for x in rs if x.reason), None)
+            if reason:
+                log.warning("replay of %s from %s failed: %s", r.assignment_id, rec.name, reason)
+                verdicts[r.assignment_id] = reason
+                if reason == "replay_budget":
+                    self.guard.suspects.add(sub.node_id)
+                if reason in FRAUD:
+                    break
+                continue
+            out[r.assignment_id] = rs
+        self.stats.replayed(time.perf_counter() - t0)
+        return out
+
     async def _audit(self, rec: NodeRecord, sub: P.RolloutSubmission, verdicts: dict[str, str | None],
                      helds: dict[str, Held]) -> None:
         """Re-score the groups that passed the checks (all of a suspect's or a new node's, a share of the
@@ -123,9 +168,10 @@ class Intake:
             if verdicts[r.assignment_id] is not None or not self.auditor.should_audit(rec.accepted_groups, suspect):
                 continue
             t0 = time.perf_counter()
+            samples, masks = as_samples(r.episodes) if r.episodes else (r.samples, None)
             try:
-                res = await asyncio.to_thread(self.auditor.audit, helds[r.assignment_id].prompt_ids, r.samples,
-                                              sub.version)
+                res = await asyncio.to_thread(self.auditor.audit, helds[r.assignment_id].prompt_ids, samples,
+                                              sub.version, masks)
             except Exception:  # our bug, not the node's lie: its prompt goes back to the queue
                 log.exception("the audit of %s from %s failed", r.assignment_id, rec.name)
                 verdicts[r.assignment_id] = "audit_error"

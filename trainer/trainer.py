@@ -24,6 +24,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from broadcast.origin import Origin
+from rewards.environment import Environment
 from rewards.registry import make_task
 from swarm_common.keys import KeyPair
 from trainer.audit import Auditor
@@ -31,6 +32,7 @@ from trainer.checkpoint import TrainerState, latest_checkpoint
 from trainer.config import RunConfig, dump_config
 from trainer.dist_learner import follow_main, open_driver, start_learner
 from trainer.distributed import DistEnv, in_torchrun, init_distributed, shutdown
+from trainer.episode_eval import evaluate_episodes
 from trainer.guard import Guard
 from trainer.http_api import make_app, serve
 from trainer.intake import Group
@@ -74,6 +76,9 @@ class Trainer:
         self.model, self.tok = load_model(self.base), load_tokenizer(self.base)
         self.model.eval()
         self.task = make_task(cfg.task.name, **cfg.task.params)
+        if isinstance(self.task, Environment) and not self.task.replayable and cfg.task.open_to_strangers:
+            raise ValueError(f"environment {self.task.name} cannot be replayed by the trainer, so it cannot be "
+                             "open to strangers: set task.open_to_strangers=false and run trusted nodes")
         self.eval_items = self.task.eval_items(cfg.task.eval_size)
         if driver is None:
             self.learner = make_learner(cfg, self.model, self.tok)
@@ -235,8 +240,12 @@ class Trainer:
     async def evaluate(self, step: int) -> None:
         if self.dist:  # the plain copy gets the sharded learner's current weights
             self.model.load_state_dict(await asyncio.to_thread(self.learner.full_state, None))
-        ev = await asyncio.to_thread(evaluate, self.model, self.tok, self.task, self.eval_items,
-                                     self.cfg.train.max_tokens)
+        if isinstance(self.task, Environment):  # greedy episodes
+            ev = await asyncio.to_thread(evaluate_episodes, self.model, self.tok, self.task, self.eval_items,
+                                         self.cfg.train.max_tokens, self.cfg.task.max_episode_tokens)
+        else:
+            ev = await asyncio.to_thread(evaluate, self.model, self.tok, self.task, self.eval_items,
+                                         self.cfg.train.max_tokens)
         self.stats.record_eval(EvalRow(step, round(self.stats.elapsed(), 2), ev["accuracy"], ev["reward_mean"]))
         log.info("eval step %d: held-out greedy accuracy %.3f (mean reward %.3f)", step, ev["accuracy"],
                  ev["reward_mean"])

@@ -33,12 +33,15 @@ class Shared:
 
 
 class WorkHandout:
-    def __init__(self, items: Iterator[TaskItem], encode: Callable[[str], list[int]], sampling: P.SamplingSpec,
+    def __init__(self, items: Iterator[TaskItem], encode: Callable[[TaskItem], list[int]], sampling: P.SamplingSpec,
                  *, inflight_groups: int, max_lag: int, work_lag: int, max_held: int, duplicate_share: float,
                  probation_groups: int, assignment_timeout_s: float, seed: int, pair_window: int = 2,
                  is_reference: Callable[[str], bool] = lambda node_id: True):
         self.items, self.encode, self.sampling = items, encode, sampling
         self.is_reference = is_reference  # keys whose answers the paired test compares with (trainer/guard.py)
+        # Multi-turn work: the environment named in every hand-out, and what a node gets of each item.
+        self.env: P.EnvSpec | None = None
+        self.episode_item: Callable[[TaskItem], P.EpisodeItem] | None = None
         self.inflight_groups, self.max_lag, self.work_lag = inflight_groups, max_lag, work_lag
         self.max_held, self.duplicate_share = max_held, duplicate_share
         self.probation_groups, self.assignment_timeout_s = probation_groups, assignment_timeout_s
@@ -122,11 +125,12 @@ class WorkHandout:
         for _ in range(max(n, 0)):
             item = self._next_item(req.node_id, on_probation)
             aid = uuid.uuid4().hex[:16]
-            ids = self.encode(item.prompt)
+            ids = self.encode(item)
             self.held[aid] = Held(aid, req.node_id, item, ids, self.version, deadline)
-            out.append(P.Assignment(assignment_id=aid, prompt_token_ids=ids))
+            out.append(P.Assignment(assignment_id=aid, prompt_token_ids=ids,
+                                    item=self.episode_item(item) if self.episode_item else None))
         return P.WorkAssignment(weights=weights, min_version=min_version, assignments=out, sampling=self.sampling,
-                                retry_after_s=0.0 if out else 0.25)
+                                retry_after_s=0.0 if out else 0.25, env=self.env)
 
     def _next_item(self, node_id: str, on_probation: bool) -> TaskItem:
         # A prompt another node already has comes first: the paired reward test needs shared prompts, and a

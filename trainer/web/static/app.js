@@ -163,6 +163,13 @@ function drawSubmissions() {
   ]);
 }
 
+// Multi-turn work: episodes/s, and per episode its mean turns, tool calls and the share of calls that failed.
+function episodes(n) {
+  if (!n.mean_turns) return "–";
+  return `${num(n.episodes_per_s, 2)}/s · ${num(n.mean_turns, 2)} turns · ${num(n.tool_calls_per_episode, 2)} calls` +
+    ` · ${num(100 * n.tool_error_rate, 1)}% tool errors`;
+}
+
 function drawNodes() {
   const ov = state.ov, body = $("nodes").tBodies[0];
   const rows = [...ov.nodes].sort((a, b) => state.order.indexOf(a.node_id) - state.order.indexOf(b.node_id));
@@ -183,7 +190,7 @@ function drawNodes() {
       <td class="num">${num(n.tokens_per_s)}</td><td class="num">${num(n.rollouts_per_s, 2)}</td>
       <td class="num">${num(n.reported_tokens_per_s)}</td><td class="num">${num(n.accepted_groups)}</td>
       <td><span class="share"><i style="width:${100 * n.share}%"></i></span>${num(100 * n.share, 1)}%</td>
-      <td>${esc(refused)}</td><td class="num">${num(n.last_heartbeat_age_s, 1)} s ago</td><td>${relay}</td>
+      <td class="episodes">${episodes(n)}</td><td>${esc(refused)}</td><td class="num">${num(n.last_heartbeat_age_s, 1)} s ago</td><td>${relay}</td>
       <td>${link}</td></tr>`;
   }).join("");
   const healthy = rows.filter((n) => n.state === "healthy").length;
@@ -227,6 +234,7 @@ function drawHeadline() {
   $("headline").innerHTML = [
     `step <b>${ov.step}</b>/${ov.max_steps}`, `policy <b>v${ov.version}</b>`, `RL time <b>${dur(ov.elapsed_s)}</b>`,
     `swarm <b>${num(ov.tokens_per_s)}</b> tokens/s`, `<b>${num(ov.rollouts_per_s, 2)}</b> rollouts/s`,
+    ov.episodes_per_s ? `<b>${num(ov.episodes_per_s, 2)}</b> episodes/s` : "",
     `nodes <b>${healthy}</b>/${ov.nodes.length} healthy`,
     ev ? `held-out accuracy <b>${num(ev.accuracy, 3)}</b> @ step ${ev.step}` : "no eval yet",
     ov.done ? "<b>run finished</b>" : "",

@@ -1,0 +1,102 @@
+"""The code tool's sandbox (bubblewrap + rlimits) stops what a model, or an attacker choosing its code, may try.
+
+Each case runs real code in a real sandbox: a fork bomb, a network connection, a write outside the scratch
+directory, a memory hog, a CPU loop, a flood of output, a sleeper; and the replay budget refuses the rest
+of a submission once it is spent. `make test` installs bubblewrap (apt), as it does chromium."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from rewards.sandbox import Budget, BudgetSpent, Limits, available, budget, run_python
+
+if available():
+    if os.environ.get("CI"):
+        raise RuntimeError(f"CI: {available()}; `make test` installs bubblewrap")
+    pytest.skip(available(), allow_module_level=True)
+
+FAST = Limits(cpu_s=1, wall_s=3.0)
+
+
+def _sandbox_processes() -> int:
+    """Live processes of sandbox users (a killed one may stay a zombie until its reaper gets to it)."""
+    time.sleep(0.5)
+    rows = subprocess.run(["ps", "-eo", "uid=,stat="], capture_output=True, text=True).stdout.splitlines()
+    return sum(1 for r in rows if int(r.split()[0]) >= 200_000 and not r.split()[1].startswith("Z"))
+
+
+def test_ordinary_code_runs_and_is_deterministic():
+    code = "import random, sys; print(sum(range(10)), hash('abc') % 1000, sys.version_info[:2] >= (3, 8))"
+    a, b = run_python(code, FAST), run_python(code, FAST)
+    assert a.status == "ok" and a.stdout == b.stdout and a.stdout.startswith("45 ")
+
+
+def test_a_fork_bomb_is_stopped():
+    t0 = time.monotonic()
+    r = run_python("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", FAST)
+    assert r.status == "timeout" and time.monotonic() - t0 < FAST.wall_s + 2
+    assert _sandbox_processes() == 0  # nothing outlives the sandbox
+
+
+def test_the_fork_bomb_meets_the_process_limit():
+    code = ("import os\nn = 0\nfor _ in range(200):\n    try:\n        pid = os.fork()\n    except OSError:\n"
+            "        print('limit', n); break\n    if pid == 0:\n        import time; time.sleep(2); os._exit(0)\n"
+            "    n += 1\n")
+    r = run_python(code, Limits(cpu_s=2, wall_s=5.0, processes=16))
+    assert r.status == "ok" and r.stdout.startswith("limit ") and int(r.stdout.split()[1]) < 16
+
+
+def test_no_network():
+    with socket.socket() as srv:  # a listener on this machine's loopback: the sandbox cannot reach it
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        r = run_python(f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('in')", FAST)
+    assert r.status == "error" and "in" not in r.stdout and "Connection" in r.stderr_tail
+    r = run_python("import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)", FAST)
+    assert r.status == "error" and "unreachable" in r.stderr_tail
+
+
+def test_no_write_outside_the_scratch(tmp_path):
+    target = tmp_path / "escape.txt"
+    for path in (target, "/usr/escape.txt", "/etc/escape.txt"):
+        r = run_python(f"open({str(path)!r}, 'w').write('x')", FAST)
+        assert r.status == "error", path
+    assert not target.exists() and not os.path.exists("/usr/escape.txt")
+    ok = run_python("open('/tmp/x', 'w').write('hello'); print(open('/tmp/x').read())", FAST)
+    assert ok.status == "ok" and ok.stdout.strip() == "hello"
+    full = run_python("\ni = 0\nwhile True:\n    open(f'/tmp/f{i}', 'w').write('x' * 10000)\n    i += 1\n", FAST)
+    assert full.status == "error" and "No space left" in full.stderr_tail
+
+
+def test_a_memory_hog_is_stopped():
+    for code in ("x = bytearray(2 << 30)", "x = [0] * (10 ** 9)", "x = []\nwhile True: x.append(' ' * 10**6)"):
+        r = run_python(code, FAST)
+        assert r.status == "memory", (code, r)
+
+
+def test_cpu_output_and_wall_clock_limits():
+    assert run_python("while True: pass", FAST).status == "timeout"
+    assert run_python("import time; time.sleep(60)", FAST).status == "timeout"
+    assert run_python("while True: print('y' * 1000)", FAST).status == "output_limit"
+    secrets = run_python("import os; print(sorted(os.listdir('/')), os.path.exists('/work'), os.getuid())", FAST)
+    assert secrets.status == "ok" and "False" in secrets.stdout and "work" not in secrets.stdout
+
+
+def test_the_budget_refuses_the_rest_of_a_submission():
+    token = budget.set(Budget(1.5))
+    try:
+        t0 = time.monotonic()
+        results = []
+        with pytest.raises(BudgetSpent):
+            for _ in range(10):
+                results.append(run_python("while True: pass", FAST).status)
+        assert results and time.monotonic() - t0 < 4.0  # at most one run past the budget, never ten
+    finally:
+        budget.reset(token)
+    assert run_python("print(1)", FAST).status == "ok"  # no budget outside a replay
