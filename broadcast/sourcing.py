@@ -125,29 +125,36 @@ class SourceBook:
     def silent(self, tr: Try, now: float) -> float:
         """0 when this try counts as silent, else a time to look again. Unanswered: its source has not been
         heard from, on any request, for the answer deadline (a parent streaming us other pieces is alive,
-        however long a new connection's answer waits in its uplink queue). Answered: judged by this piece's
-        own progress, never sooner than the answer deadline: silent once IDLE_ROUNDS pieces per tree came
-        from elsewhere while it was asked for, or once it has taken IDLE_ROUNDS of our usual piece latencies
-        (held, then streamed). Bytes are not progress: a source that trickles this piece, or others, at a
-        fraction of the usual rate held a whole subtree back (docs/tree-simulation.md)."""
+        however long a new connection's answer waits in its uplink queue). Answered, never sooner than the
+        answer deadline: silent once IDLE_ROUNDS pieces per tree came from elsewhere, or IDLE_ROUNDS of our
+        usual piece latencies passed, while its source sent us nothing (it may be pipelining: across
+        namespaces at 32 KiB pieces, counting from the request instead went around honest parents 97-309
+        times a version at N = 32); and, whatever bytes came, once this piece has taken IDLE_ROUNDS^2 usual
+        latencies: a relay that trickles held its whole subtree back (docs/tree-simulation.md)."""
+        deadline = self.deadline()
         if not tr.answered:
-            return max(0.0, max(tr.started, self.last_heard.get(tr.src, 0.0)) + self.deadline() - now)
-        if (left := tr.started + self.deadline() - now) > 0:  # never sooner than had it not answered
-            return left
-        if self.pieces_in - tr.pieces_at_start >= IDLE_ROUNDS * self.trees:
+            return max(0.0, max(tr.started, self.last_heard.get(tr.src, 0.0)) + deadline - now)
+        cap = math.inf if self.latency_s is None else tr.started + max(deadline, IDLE_ROUNDS ** 2 * self.latency_s)
+        if now >= cap:
+            return 0.0
+        since, count = max((tr.started, tr.pieces_at_start), self.last_bytes.get(tr.src, (0.0, 0)))
+        if (left := since + deadline - now) > 0:  # never sooner than had it not answered
+            return min(left, cap - now)
+        if self.pieces_in - count >= IDLE_ROUNDS * self.trees:
             return 0.0
         limit = self.cfg.stall_timeout if self.latency_s is None else IDLE_ROUNDS * self.latency_s
-        left = tr.started + limit - now
+        left = min(since + limit, cap) - now
         return 0.0 if left <= 0 else min(left, POLL_S)
 
     def still_silent(self, tr: Try, now: float) -> bool:
-        """Silent now, or gone around as silent (an answered one: it had not delivered by then; an
-        unanswered one: not heard from since). The verdict at the bypass stands: the yardsticks move while
-        the race goes on (the winner's own answer time raises the deadline on a loaded machine)."""
+        """Silent now, or gone around as silent and not heard from since. The verdict at the bypass stands:
+        the yardsticks move while the race goes on (the winner's own answer time raises the deadline on a
+        loaded machine), and a source silent then and since is silent."""
         if tr.gone_around_at:
-            if tr.answered and tr.answered_at <= tr.gone_around_at:
-                return True
-            if self.last_heard.get(tr.src, 0.0) < tr.gone_around_at:
+            # Answered by then: silent means no bytes; unanswered: not even an answer.
+            answered_by_then = tr.answered and tr.answered_at <= tr.gone_around_at
+            last = self.last_bytes.get(tr.src, (0.0, 0))[0] if answered_by_then else self.last_heard.get(tr.src, 0.0)
+            if last < tr.gone_around_at:
                 return True
         return self.silent(tr, now) == 0
 

@@ -35,10 +35,11 @@ def test_an_unanswered_parent_is_gone_around_at_the_deadline_and_reported_if_it_
     assert b.avoid[P] == 1.3 + SILENT_AVOID_S
 
 
-def test_a_parent_that_answered_is_waited_for_a_while_and_bytes_are_not_progress():
-    """It holds the piece (it may be on its way there): waited for while fewer than a round of pieces per
-    tree came from elsewhere, and for 4 usual piece latencies; trickling bytes, of this piece or others,
-    does not extend that (a slow relay so held its whole subtree back)."""
+def test_a_parent_that_answered_is_waited_for_while_it_sends_and_a_trickle_only_so_long():
+    """It holds the piece (it may be on its way there): waited for while it streams us anything (pipelining)
+    and, while it sends nothing, until 4 usual piece latencies passed or a round of pieces per tree came
+    from elsewhere. Trickling bytes keep it only until the piece has taken 16 usual latencies: a slow relay
+    so held its whole subtree back (the "subtree waited 166 s" report)."""
     b = book()
     b.latency_s = 2.0
     race = PieceRace(b, b.chain([P], 0.0), 0.0)
@@ -46,16 +47,17 @@ def test_a_parent_that_answered_is_waited_for_a_while_and_bytes_are_not_progress
     b.answered(tr, 0.05)
     b.pieces_in += IDLE_ROUNDS * b.trees - 1  # pieces come from elsewhere while this one does not
     assert race.look(5.0)[0] == []
-    b.body(tr, 100, 7.9)  # it trickles
-    b.heard(P, 7.95, body=True)
-    assert race.look(7.95)[0] == []
-    new, _ = race.look(8.0)  # 4 usual latencies
+    for t in range(6, 32, 2):  # it trickles, of this piece and others
+        b.pieces_in += IDLE_ROUNDS * b.trees
+        b.body(tr, 100, t)
+        assert race.look(t + 1.0)[0] == [], t
+    new, _ = race.look(32.0)  # 16 usual latencies
     assert [t.src for t in new] == [ORIGIN]
-    race2 = PieceRace(b, b.chain([P], 10.0), 10.0)
-    tr2 = race2.start(10.0)
-    b.answered(tr2, 10.05)
-    b.pieces_in += IDLE_ROUNDS * b.trees  # a round of pieces per tree came from elsewhere meanwhile
-    assert [t.src for t in race2.look(11.0)[0]] == [ORIGIN]
+    race2 = PieceRace(b, b.chain([P], 40.0), 40.0)
+    tr2 = race2.start(40.0)
+    b.answered(tr2, 40.05)
+    b.pieces_in += IDLE_ROUNDS * b.trees  # a round of pieces per tree came from elsewhere, nothing from it
+    assert [t.src for t in race2.look(41.0)[0]] == [ORIGIN]
 
 
 def test_a_dead_parent_is_reported_and_its_piece_waits_for_the_trackers_new_parents():
