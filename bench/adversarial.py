@@ -1,6 +1,7 @@
 """Adversarial report: every attack of tests/adversarial against a live trainer with honest nodes beside it.
 
     python bench/adversarial.py [--json FILE] [--honest-groups 1000] [--tree | --tree-only]
+                                [--episodes | --episodes-only] [--honest-episodes 2000]
 
 Starts a trainer (`swarm train`) and a real vLLM node, then:
   1. runs each attack with a fresh key and counts attempts, detections, and the attacker's groups that
@@ -15,6 +16,8 @@ Starts a trainer (`swarm train`) and a real vLLM node, then:
      identities (tests/adversarial/tree_attacks.py) against an origin and six honest `swarm relay`
      processes: honest relays banned, evicted or demoted, and version delivery time against the same lab
      unattacked, measured right before each attack.
+  6. with --episodes (or --episodes-only): the attacks on multi-turn work (bench/adversarial_episodes.py),
+     false positives over the honest episodes, the replay's cost, a replay bomb.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 import msgspec  # noqa: E402
 import torch  # noqa: E402
 
+from bench.adversarial_episodes import episode_lab, print_episode_lab  # noqa: E402
 from rewards.registry import make_task  # noqa: E402
 from swarm_common import protocol as P  # noqa: E402
 from swarm_common.keys import KeyPair  # noqa: E402
@@ -46,6 +50,12 @@ from trainer.guard import FRAUD, Guard, GuardConfig  # noqa: E402
 from trainer.pairing import PairedRewards  # noqa: E402
 
 FP_DROPS = ("cherry_picking", "fraud_on_probation", "banned_node")
+
+
+def episodes_ok(res: dict) -> bool:
+    """Every episode attack detected and none in a batch; no honest episode refused for fraud."""
+    return (all(r["reached_batch"] == 0 and r["detected"] > 0 for r in res["attacks"])
+            and res["honest"]["fraud_refusals"] == 0 and not res["honest"]["banned"])
 
 
 def trained_counts(run_dir: Path) -> dict[str, int]:
@@ -141,6 +151,9 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp/swarm-bench-adversarial", help="work directory (emptied first)")
     ap.add_argument("--tree", action="store_true", help="also run the relay tree's attacks")
     ap.add_argument("--tree-only", action="store_true", help="only the relay tree's attacks (no trainer, no vLLM)")
+    ap.add_argument("--episodes", action="store_true", help="also the attacks on multi-turn work (calculator)")
+    ap.add_argument("--episodes-only", action="store_true", help="only the attacks on multi-turn work")
+    ap.add_argument("--honest-episodes", type=int, default=2000, help="honest episodes to check for false positives")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -149,6 +162,12 @@ def main() -> int:
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    if args.episodes_only:
+        res = episode_lab(root, args.honest_episodes)
+        print_episode_lab(res)
+        if args.json:
+            Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode({"episodes": res})))
+        return 0 if episodes_ok(res) else 1
     if args.tree_only:
         rows = tree_rows(root)
         if args.json:
@@ -281,10 +300,14 @@ def main() -> int:
     print(f"{'honest fires':<18}" + "".join(f"{v:>8.3f}" for v in power["honest_fire"].values()))
     if args.tree:
         result["tree"] = tree_rows(root)
+    if args.episodes:
+        result["episodes"] = episode_lab(root, args.honest_episodes)
+        print_episode_lab(result["episodes"])
     if args.json:
         Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(result)))
     ok = all(r["reached_batch"] == 0 for r in result["attacks"]) and h["false_positive_rate"] == 0
     ok = ok and all(r["honest_banned"] + r["honest_evicted"] + r["honest_demoted"] == 0 for r in result.get("tree", []))
+    ok = ok and ("episodes" not in result or episodes_ok(result["episodes"]))
     return 0 if ok else 1
 
 

@@ -21,6 +21,7 @@ The loop, the same on the node and in the trainer's replay (`Episode.act`), as v
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,12 @@ def assistant_texts(messages: Sequence[Message]) -> list[str]:
 _KWARGS = ("item", "answer", "completion", "messages", "state", "text")
 
 
+@functools.lru_cache(maxsize=1024)
+def _wanted(fn: Callable[..., float]) -> tuple[str, ...]:
+    """The rubric's keyword arguments a reward function takes (read once: inspect is slow)."""
+    return tuple(p for p in inspect.signature(fn).parameters if p in _KWARGS)
+
+
 @dataclass(frozen=True)
 class Rubric:
     """A weighted list of reward functions over a whole episode (verifiers' Rubric).
@@ -60,8 +67,7 @@ class Rubric:
         metrics: dict[str, float] = {}
         total = weight = 0.0
         for name, fn, w in self.funcs:
-            wanted = [p for p in inspect.signature(fn).parameters if p in _KWARGS]
-            s = float(fn(**{k: kw[k] for k in wanted}))
+            s = float(fn(**{k: kw[k] for k in _wanted(fn)}))
             if not 0.0 <= s <= 1.0:
                 raise ValueError(f"reward {name} returned {s}, outside [0, 1]")
             metrics[name] = s

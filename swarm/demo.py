@@ -76,6 +76,11 @@ def _fmt_progress(s: dict, t0: float) -> str:
     if ev:
         parts.append(f"eval acc {ev['accuracy']:.3f} @step {ev['step']}")
     parts.append(f"swarm {s['tokens_per_s']:.0f} tok/s | {nodes}")
+    eps = [n for n in s["nodes"] if n.get("mean_turns")]
+    if eps:  # multi-turn work: episodes/s, and per episode its turns and tool calls
+        parts.append(f"{s.get('episodes_per_s', 0):.1f} episodes/s, "
+                     f"{sum(n['mean_turns'] for n in eps) / len(eps):.2f} turns and "
+                     f"{sum(n['tool_calls_per_episode'] for n in eps) / len(eps):.2f} tool calls per episode")
     return " | ".join(parts)
 
 

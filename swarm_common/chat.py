@@ -61,9 +61,16 @@ def stop_token_id(tokenizer) -> int:
 def observation_ids(tokenizer, reply: list[dict]) -> list[int]:
     """The ids the environment's `reply` messages add after an assistant turn's stop token, up to and
     including the generation prompt of the next assistant turn."""
+    key = tuple(tuple(sorted((k, str(v)) for k, v in m.items())) for m in reply)
+    return list(_observation_ids(tokenizer, key))
+
+
+@lru_cache(maxsize=4096)  # answers repeat (a game's "higher"): rendering a template is most of a replay's cost
+def _observation_ids(tokenizer, key: tuple) -> tuple[int, ...]:
+    reply = [dict(m) for m in key]
     base, cut = _stand_in(tokenizer)
     full = encode_messages(tokenizer, [*_STAND_IN, *reply], add_generation_prompt=True)
     if full[:cut] != base[:cut]:
         raise TemplateError("the chat template renders the conversation before an environment answer "
                             "differently once the answer is there")
-    return full[cut:]
+    return tuple(full[cut:])

@@ -1,0 +1,335 @@
+"""Multi-turn episodes: a node's throughput against a plain vLLM loop, and what checking them costs the trainer.
+
+    python bench/episodes.py [--envs calculator,guess] [--rounds 3] [--batches 2] [--json FILE]
+
+For each environment, with its demo's starting policy (the embedded model after the warm-up on worked
+episodes that `swarm demo --task ENV` gives it; built here into a temporary run directory):
+  1. throughput: a real `swarm node` process answering a stand-in work server that hands out the
+     environment's work (32 prompts x 8 episodes a batch), from its first request to its last submission,
+     against a plain loop in this process doing the same episodes with the same vLLM engine settings
+     (`LLM.generate` for every running episode's next turn, decode, the environment, the answer's ids),
+     in alternating windows so both see the same machine. Sampled tokens/s and episodes/s, turns and tool
+     calls per episode.
+  2. costs, on the episodes the node sent: the trainer's replay (trainer/episode_check.py) and audit
+     (a prefill with masks) per group, against the learner's step time per group (16 groups a step); the
+     share at the default audit rate (the audit of every group of a new node is the second figure).
+  3. the python tool (with --envs ...,python): replay cost per group of its worked episodes, whose programs
+     run in the sandbox, against the same step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+N_PROMPTS, G = 32, 8
+ENGINE = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+
+def run_config(env: str, run_dir: Path):
+    from trainer.config import load_config
+
+    path = ROOT / "configs" / f"{env}.toml"
+    over = [f'run_dir="{run_dir}"'] + ([] if path.exists() else [f'task.name="{env}"'])
+    return load_config(path if path.exists() else None, over)
+
+
+class Work:
+    """The environment's hand-out, as the trainer makes it."""
+
+    def __init__(self, cfg, tok):
+        from rewards.registry import make_task
+        from rewards.token_episode import handout, prompt_ids
+        from swarm_common import protocol as P
+
+        self.env = make_task(cfg.task.name, **cfg.task.params)
+        self.spec, item_of = handout(self.env, cfg.task.max_episode_tokens)
+        self.items = list(self.env.eval_items(N_PROMPTS))
+        self.prompts = [prompt_ids(self.env, tok, it) for it in self.items]
+        self.assignments = [P.Assignment(f"a{i}", p, item_of(it)) for i, (it, p) in
+                            enumerate(zip(self.items, self.prompts, strict=True))]
+        self.sampling = P.SamplingSpec(n=G, max_tokens=cfg.train.max_tokens, temperature=1.0, top_p=1.0)
+
+
+def plain_batch(engine, work: Work) -> tuple[int, int, int, int]:
+    """The same episodes with vLLM directly: (sampled tokens, episodes, turns, tool calls)."""
+    from vllm import SamplingParams, TokensPrompt
+
+    from rewards.environment import Episode
+    from swarm_common.chat import observation_ids
+
+    llm, tok, stop = engine.llm, engine.tokenizer, engine.tokenizer.eos_token_id
+    cap, per_turn = work.spec.max_episode_tokens, work.sampling.max_tokens
+    eps = [[p, [], Episode(work.env, it)] for it, p in zip(work.items, work.prompts, strict=True) for _ in range(G)]
+    sampled = 0
+    active = eps
+    while active:
+        params = [SamplingParams(max_tokens=min(per_turn, cap - len(gen)), temperature=1.0, logprobs=0,
+                                 ignore_eos=True, stop_token_ids=[stop]) for _, gen, _ in active]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p + gen) for p, gen, _ in active], params,
+                            use_tqdm=False)
+        still = []
+        for (p, gen, ep), out in zip(active, outs, strict=True):
+            ids = list(out.outputs[0].token_ids)
+            sampled += len(ids)
+            gen += ids
+            if not ids or ids[-1] != stop:
+                continue
+            reply = ep.act(tok.decode(ids[:-1], skip_special_tokens=True))
+            if reply is None:
+                continue
+            obs = observation_ids(tok, reply)
+            if len(gen) + len(obs) < cap:
+                gen += obs
+                still.append((p, gen, ep))
+        active = still
+    return sampled, len(eps), sum(e.turns for *_, e in eps), sum(e.tool_calls for *_, e in eps)
+
+
+async def throughput(engine, work: Work, model_dir: Path, tmp: Path, rounds: int, batches: int) -> dict:
+    """Alternating windows: a `swarm node` process, then the plain loop (the node idle meanwhile)."""
+    import zmq
+    import zmq.asyncio
+
+    from broadcast.origin import Origin
+    from swarm_common import protocol as P
+    from swarm_common.keys import KeyPair
+
+    key = KeyPair.generate()
+    origin = Origin(tmp / "origin", key)
+    await origin.start()
+    shutil.copytree(model_dir, tmp / "origin" / "v0")
+    await origin.publish(tmp / "origin" / "v0", 0, None)
+    info = P.WeightsInfo(0, f"{origin.url}/v/0/manifest")
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    node = subprocess.Popen([sys.executable, "-m", "swarm.cli", "node", "--trainer", f"127.0.0.1:{port}",
+                             "--data-dir", str(tmp / "node"), "--max-prompts", str(N_PROMPTS)], cwd=ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=open(tmp / "node.log", "w"),
+                            stderr=subprocess.STDOUT)
+    st = {"quota": 0, "out": 0, "first": None, "last": None, "tokens": 0, "episodes": 0, "turns": 0, "calls": 0,
+          "aid": 0, "sent": None}
+    done = asyncio.Event()
+
+    async def serve():
+        while True:
+            frames = await sock.recv_multipart()
+            ident, msg = frames[0], P.decode_signed(frames[1:])
+            reply = None
+            if isinstance(msg, P.Register):
+                reply = P.Registered(node_id=msg.node_id, weights=info, sampling=work.sampling, heartbeat_s=5.0,
+                                     max_lag=2, tracker_url=origin.url, trainer_key=key.public_hex)
+            elif isinstance(msg, P.WorkRequest):
+                assigns = []
+                if st["quota"] > 0:
+                    st["quota"] -= 1
+                    st["out"] += 1
+                    st["first"] = st["first"] or time.perf_counter()
+                    for a in work.assignments:
+                        st["aid"] += 1
+                        assigns.append(P.Assignment(f"{a.assignment_id}-{st['aid']}", a.prompt_token_ids, a.item))
+                reply = P.WorkAssignment(weights=info, min_version=0, assignments=assigns, sampling=work.sampling,
+                                         retry_after_s=0.0 if assigns else 0.05, env=work.spec)
+            elif isinstance(msg, P.RolloutSubmission):
+                st["out"] -= 1
+                eps = [e for r in msg.rollouts for e in r.episodes]
+                st["tokens"] += sum(len(e.logprobs) for e in eps)
+                st["episodes"] += len(eps)
+                st["last"], st["sent"] = time.perf_counter(), msg
+                reply = P.SubmissionResult(accepted=[r.assignment_id for r in msg.rollouts], refused={})
+                if st["quota"] == 0 and st["out"] == 0:
+                    done.set()
+            elif isinstance(msg, P.Heartbeat):
+                continue
+            if reply is not None:
+                await sock.send_multipart([ident, P.encode(reply)])
+
+    async def node_window(n: int) -> tuple[float, float]:
+        st.update(quota=n, first=None, last=None, tokens=0, episodes=0)
+        done.clear()
+        await asyncio.wait_for(done.wait(), 900)
+        secs = st["last"] - st["first"]
+        return st["tokens"] / secs, st["episodes"] / secs
+
+    server = asyncio.create_task(serve())
+    node_rates, plain_rates, shape = [], [], []
+    loop = asyncio.get_running_loop()
+    try:
+        await node_window(1)  # start-up and the first batches of these shapes
+        await loop.run_in_executor(ENGINE, plain_batch, engine, work)
+        for _ in range(rounds):
+            node_rates.append(await node_window(batches))
+            t0 = time.perf_counter()
+            runs = [await loop.run_in_executor(ENGINE, plain_batch, engine, work) for _ in range(batches)]
+            secs = time.perf_counter() - t0
+            plain_rates.append((sum(r[0] for r in runs) / secs, sum(r[1] for r in runs) / secs))
+            shape += runs
+    finally:
+        server.cancel()
+        node.terminate()
+        node.wait(30)
+        sock.close(0)
+        ctx.term()
+        await origin.stop()
+    n_eps = sum(r[1] for r in shape)
+    return {"node_tok_s": statistics.median(r[0] for r in node_rates),
+            "node_episodes_s": statistics.median(r[1] for r in node_rates),
+            "plain_tok_s": statistics.median(r[0] for r in plain_rates),
+            "plain_episodes_s": statistics.median(r[1] for r in plain_rates),
+            "turns_per_episode": sum(r[2] for r in shape) / n_eps, "tool_calls_per_episode": sum(r[3] for r in shape) / n_eps,
+            "node_rounds": node_rates, "plain_rounds": plain_rates, "submission": st["sent"]}
+
+
+def costs(cfg, model_dir: Path, work: Work, groups_of_episodes: list[tuple], rate: float) -> dict:
+    """Replay and audit per group, against the learner's step per group (16 groups a step)."""
+    import torch
+
+    from rewards.sandbox import Budget
+    from trainer.audit import AuditConfig, Auditor
+    from trainer.episode_check import as_samples, replay_group
+    from trainer.intake import Held, episode_group
+    from trainer.learner import Learner
+    from trainer.policy import frozen_state, load_model, load_tokenizer
+
+    torch.set_num_threads(1)  # as the trainer runs (train.torch_threads)
+    model, tok = load_model(model_dir), load_tokenizer(model_dir)
+    auditor = Auditor(model, tok.pad_token_id, 1.0, 1.0, AuditConfig())
+    auditor.remember(0, frozen_state(model), keep_from=0)
+    replay_s, audit_s, groups = [], [], []
+    for item, prompt, episodes in groups_of_episodes:
+        t0 = time.perf_counter()
+        rs = replay_group(work.env, item, tok, episodes, cfg.train.max_tokens, cfg.task.max_episode_tokens, len(tok),
+                          Budget(1e9))
+        replay_s.append(time.perf_counter() - t0)
+        assert all(r.reason is None for r in rs), [r.reason for r in rs]
+        samples, masks = as_samples(episodes)
+        t0 = time.perf_counter()
+        assert auditor.audit(prompt, samples, 0, masks).reason is None
+        audit_s.append(time.perf_counter() - t0)
+        held = Held(item.id, "n", item, prompt, 0, 0.0)
+        g = episode_group(held, episodes, rs, 0, "n")
+        g.rewards = [r.reward + 1e-3 * k for k, r in enumerate(rs)]  # every group with signal: a full step
+        groups.append(g)
+    learner = Learner(model, tok, cfg.train.lr, 0.0, 1.0, cfg.loss)
+    batch = (groups * (16 // len(groups) + 1))[:16]
+    learner.step(batch)  # warm-up
+    steps = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        learner.step(batch)
+        steps.append(time.perf_counter() - t0)
+    per_group = statistics.median(steps) / len(batch)
+    replay_g, audit_g = statistics.median(replay_s), statistics.median(audit_s)
+    return {"replay_s_per_group": replay_g, "audit_s_per_group": audit_g, "step_s_per_group": per_group,
+            "share": (replay_g + rate * audit_g) / per_group, "share_all_audited": (replay_g + audit_g) / per_group,
+            "replay_share": replay_g / per_group}
+
+
+def demo_groups(work: Work, cfg, tok, n: int) -> list[tuple]:
+    """Honest groups from the environment's worked episodes (the python tool: its programs run in the sandbox)."""
+    from rewards.token_episode import TokenEpisode
+    from swarm_common import protocol as P
+
+    out = []
+    for item, prompt in list(zip(work.items, work.prompts, strict=True))[:n]:
+        turns = [m["content"] for m in work.env.demonstration(item) if m["role"] == "assistant"]
+        eps = []
+        for _ in range(G):
+            te = TokenEpisode(work.env, item, tok, cfg.train.max_tokens, cfg.task.max_episode_tokens)
+            for text in turns:
+                ids = tok(text, add_special_tokens=False)["input_ids"] + [te.stop_id]
+                te.add_turn(ids, [-0.5] * len(ids))
+                if te.done:
+                    break
+            eps.append(P.Episode(te.ids, te.mask, te.logprobs, te.finish))
+        out.append((item, prompt, eps))
+    return out
+
+
+def one(env: str, tmp: Path, rounds: int, batches: int, rate: float) -> dict:
+    """Everything for one environment, in this process (one vLLM engine per process)."""
+    import torch
+
+    from inference_nodes.engine import Engine, model_context
+    from trainer.model_prep import prepare_base_model
+    from trainer.policy import load_tokenizer
+
+    torch.set_num_threads(2)
+    cfg = run_config(env, tmp / env)
+    if env == "python":  # its costs only: no warm-up needed
+        cfg.model.sft_steps = 0
+    t0 = time.perf_counter()
+    model_dir = prepare_base_model(cfg, progress=False)
+    print(f"[{env}] starting policy in {time.perf_counter() - t0:.0f}s ({cfg.model.sft_steps} warm-up steps)", flush=True)
+    tok = load_tokenizer(model_dir)
+    work = Work(cfg, tok)
+    res: dict = {"env": env}
+    if env == "python":  # the tiny model writes no programs: its costs are measured on worked episodes
+        groups = demo_groups(work, cfg, tok, 8)
+    else:
+        shutil.rmtree(tmp / f"{env}-tp", ignore_errors=True)
+        engine = ENGINE.submit(Engine, model_dir, max_model_len=model_context(model_dir)).result()
+        tp = asyncio.run(throughput(engine, work, model_dir, tmp / f"{env}-tp", rounds, batches))
+        sub = tp.pop("submission")
+        by_id = {a.assignment_id: (it, a.prompt_token_ids) for a, it in zip(work.assignments, work.items, strict=True)}
+        groups = [(*by_id[r.assignment_id.rsplit("-", 1)[0]], r.episodes) for r in sub.rollouts]
+        res.update(tp, node_vs_plain=tp["node_tok_s"] / tp["plain_tok_s"])
+    res.update(costs(cfg, model_dir, work, groups[:8], rate))
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--envs", default="calculator,guess,python")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating node / plain windows")
+    ap.add_argument("--batches", type=int, default=2, help="batches of 32 prompts x 8 episodes per window")
+    ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: one environment, in a fresh process
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--dir", default=None, help="work directory (default: a fresh temporary one)")
+    args = ap.parse_args()
+    from trainer.audit import AuditConfig
+
+    rate = AuditConfig().rate
+    tmp = Path(args.dir or tempfile.mkdtemp(prefix="bench-episodes-"))
+    if args.one:
+        res = one(args.one, tmp, args.rounds, args.batches, rate)
+        Path(args.out).write_text(json.dumps(res))
+        return 0
+    results = []
+    for env in args.envs.split(","):
+        out = tmp / f"{env}.json"
+        subprocess.run([sys.executable, __file__, "--one", env, "--out", str(out), "--dir", str(tmp), "--rounds",
+                        str(args.rounds), "--batches", str(args.batches)], check=True, cwd=ROOT)
+        results.append(json.loads(out.read_text()))
+    print(f"\n{'environment':<12}{'node tok/s':>11}{'plain tok/s':>12}{'node/plain':>11}{'episodes/s':>11}"
+          f"{'turns':>7}{'calls':>7}{'replay ms':>10}{'audit ms':>9}{'step ms':>9}{'share':>8}{'all audited':>12}")
+    for r in results:
+        tp = (f"{r['node_tok_s']:>11.0f}{r['plain_tok_s']:>12.0f}{r['node_vs_plain']:>11.3f}{r['node_episodes_s']:>11.1f}"
+              f"{r['turns_per_episode']:>7.2f}{r['tool_calls_per_episode']:>7.2f}") if "node_tok_s" in r else \
+            f"{'-':>11}{'-':>12}{'-':>11}{'-':>11}{'-':>7}{'-':>7}"
+        print(f"{r['env']:<12}{tp}{1000 * r['replay_s_per_group']:>10.1f}{1000 * r['audit_s_per_group']:>9.1f}"
+              f"{1000 * r['step_s_per_group']:>9.1f}{r['share']:>8.1%}{r['share_all_audited']:>12.1%}")
+    print(f"\nnode/plain: goal >= 0.9 (sampled tokens/s, alternating windows). share: (replay + {rate:.0%} x audit) "
+          "per group / the learner's step per group (16 groups a step, 1 thread as the trainer); goal <= 10%.")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
