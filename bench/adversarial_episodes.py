@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rewards.registry import make_task
 from swarm_common import protocol as P
+from swarm_common.keys import KeyPair
 from tests.adversarial.attacks import Ctx
 from tests.adversarial.conftest import HONEST, MAX_MESSAGE_BYTES, swarm_args
 from tests.adversarial.episode_attacks import EPISODE_ATTACKS, EpisodeSampler, _heartbeat
@@ -95,7 +96,8 @@ def episode_lab(root: Path, honest_episodes: int) -> dict:
     url = f"http://127.0.0.1:{hport}/api/summary"
     out: dict = {}
     try:
-        trainer = procs.start("episodes-trainer", *swarm_args(run_dir, zport, hport, tport, EPISODE_RUN))
+        honest_key = KeyPair.load_or_create(root / "episodes-node" / "node.key").public_hex
+        trainer = procs.start("episodes-trainer", *swarm_args(run_dir, zport, hport, tport, honest_key, EPISODE_RUN))
         wait_json(url, timeout=300, proc=trainer)
         procs.start("episodes-node", "node", "--trainer", f"127.0.0.1:{zport}", "--data-dir",
                     str(root / "episodes-node"), "--name", HONEST, "--max-prompts", "4")

@@ -243,6 +243,8 @@ class Node:
                     await self._load(self.latest)
                 except Exception as e:  # noqa: BLE001 - a failed fetch is retried, never fatal
                     log.warning("could not load version %d: %s", self.latest.version, e)
+                    # It may have been retired meanwhile: the next work reply names the newest.
+                    self.latest = None
                     await asyncio.sleep(1.0)
                     continue
             reply = await self._request(

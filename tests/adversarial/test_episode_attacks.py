@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rewards.registry import make_task
+from swarm_common.keys import KeyPair
 from tests.adversarial.attacks import Ctx, Outcome
 from tests.adversarial.conftest import HONEST, MAX_MESSAGE_BYTES, Swarm, swarm_args
 from tests.adversarial.episode_attacks import EPISODE_ATTACKS
@@ -44,7 +45,8 @@ def episode_swarm(tmp_path_factory) -> Swarm:
     zport, hport, tport = free_port(), free_port(), free_port()
     procs = Procs(root)
     try:
-        trainer = procs.start("trainer", *swarm_args(run_dir, zport, hport, tport, EPISODE_RUN))
+        honest_key = KeyPair.load_or_create(root / "node" / "node.key").public_hex
+        trainer = procs.start("trainer", *swarm_args(run_dir, zport, hport, tport, honest_key, EPISODE_RUN))
         url = f"http://127.0.0.1:{hport}/api/summary"
         wait_json(url, timeout=300, proc=trainer)
         procs.start("node", "node", "--trainer", f"127.0.0.1:{zport}", "--data-dir", str(root / "node"),
