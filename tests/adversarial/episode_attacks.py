@@ -221,6 +221,8 @@ def retokenized_observation(ctx: Ctx) -> Outcome:
             added = t in tok.added_tokens_decoder
             spelled += tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] if added else [t]
         assert tok.decode(spelled) == tok.decode(te.ids[i:j]) and spelled != te.ids[i:j]
+        if len(te.ids) - (j - i) + len(spelled) > te.max_episode_tokens:
+            return None  # too long to send: the shape check would refuse it (bad_episode) before the replay
         return te.ids[:i] + spelled + te.ids[j:], te.mask[:i] + [False] * len(spelled) + te.mask[j:], te.finish
     return _episode_fraud(ctx, "retokenized-observation", {"observation_mismatch"}, tamper)
 
