@@ -84,16 +84,27 @@ class PythonEnv(ToolEnv):
         rubric = Rubric([("correct", correct_answer, 1.0), ("digits", digits_reward, 0.5)])
         super().__init__("python", [globals()["python"]], rubric, max_turns, params, tool_format, system_prompt)
         self.eval_share, self.python_version = eval_share, python
+        # A program's output, by its text: a run that exits is a pure function of the program (that is the
+        # environment's contract), and a group's episodes often write the same one; a sandbox start costs
+        # tens of milliseconds. Runs stopped by a limit depend on timing: never kept.
+        self.results: dict[str, tuple[str, bool]] = {}
 
     def run_tool(self, call: ToolCall) -> tuple[str, bool]:
         if call.name != "python" or set(call.arguments) != {"code"} or not isinstance(call.arguments["code"], str):
             return super().run_tool(call)  # the schema's error message
-        r = run_python(call.arguments["code"], self.limits)
-        if r.status == "ok":
-            return (r.stdout.strip() or "(no output)")[:MAX_TOOL_RESULT], True
-        if r.status == "error":
-            return f"error: {r.stderr_tail}"[:MAX_TOOL_RESULT], False
-        return f"error: {r.status.replace('_', ' ')}", False
+        code = call.arguments["code"]
+        if (kept := self.results.get(code)) is not None:
+            return kept
+        r = run_python(code, self.limits)
+        if r.status not in ("ok", "error"):
+            return f"error: {r.status.replace('_', ' ')}", False
+        out = ((r.stdout.strip() or "(no output)")[:MAX_TOOL_RESULT], True) if r.status == "ok" else \
+            (f"error: {r.stderr_tail}"[:MAX_TOOL_RESULT], False)
+        if len(code) <= 4 * MAX_TOOL_RESULT:
+            if len(self.results) >= 4096:  # bounded: a node or trainer runs for days
+                self.results.clear()
+            self.results[code] = out
+        return out
 
     node_meta = ()  # the reference program is for the warm-up only: nodes get the question alone
 

@@ -110,6 +110,23 @@ def test_nodes_get_no_answer():
     assert node_item(GuessEnv(), GuessEnv().eval_items(1)[0]).meta.keys() == {"lo", "hi", "secret"}
 
 
+def test_the_python_tool_keeps_outputs_of_programs_that_exit_not_of_those_stopped(monkeypatch):
+    import rewards.python_tool as pt
+    from rewards.sandbox import Result
+
+    env, runs = make_task("python"), []
+
+    def fake(code, limits):
+        runs.append(code)
+        return Result("timeout", "", "", 3.0) if "while" in code else Result("ok", "42\n", "", 0.05)
+
+    monkeypatch.setattr(pt, "run_python", fake)
+    for code in ("print(42)", "print(42)", "while True: pass", "while True: pass"):
+        env.run_tool(ToolCall("python", {"code": code}))
+    assert env.run_tool(ToolCall("python", {"code": "print(42)"})) == ("42", True)
+    assert runs == ["print(42)", "while True: pass", "while True: pass"]  # a stopped run is never kept
+
+
 # ---- the replay ------------------------------------------------------------------------------------
 
 
