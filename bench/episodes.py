@@ -267,6 +267,8 @@ def costs(cfg, model_dir: Path, work: Work, groups_of_episodes: list[tuple], rat
     auditor.remember(0, frozen_state(model), keep_from=0)
     replay_s, audit_s, groups = [], [], []
     for item, prompt, episodes in groups_of_episodes:
+        if isinstance(getattr(work.env, "results", None), dict):  # the python tool's kept outputs: only the
+            work.env.results.clear()  # group's own repeats may hit (the worked episodes' filled it)
         t0 = time.perf_counter()
         rs = replay_group(work.env, item, tok, episodes, cfg.train.max_tokens, cfg.task.max_episode_tokens, len(tok),
                           Budget(1e9))
