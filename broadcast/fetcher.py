@@ -63,7 +63,7 @@ class PieceFetcher:
 
     async def race(self, st: VersionState, index: int, chain: list[str]) -> str:
         """One race for piece `index` along `chain`: 'ok', 'gone', 'dead' or 'failed' (piece_race.py)."""
-        race = PieceRace(self.book, chain, time.monotonic())
+        race = PieceRace(self.book, chain, time.monotonic(), st.pieces[index].size)
         tasks: dict[Try, asyncio.Task] = {}
 
         def send(tries: list[Try]) -> None:
