@@ -21,6 +21,7 @@ from .delta_publish import serve_file
 from .identity import JOIN_SKEW_S, check_join
 from .manifest import encode_manifest
 from .messages import MAX_TRACKER_MESSAGE_BYTES, Join, Latest, Leave, PeerHeartbeat, ReachTest, Report, decode
+from .piece_pass import PASS_HEADER, PEER_HEADER, PieceGate
 from .serving import MAX_VERSION, parse_int, serve_piece
 from .store import VersionState
 from .tracker import TrackerError
@@ -71,6 +72,7 @@ class OriginRoutes:
         cfg = origin.cfg
         self.joins = JoinGate(cfg)
         self.reports = ReportGate()
+        self.pieces = PieceGate()
         self.doctor_limit = KeyedBuckets(0.5, 3.0)
         # once an interval, and at once after a report or a version: more only costs the trainer's CPU
         self.hb_limit = KeyedBuckets(4.0 / cfg.heartbeat_s, 12.0)
@@ -253,6 +255,15 @@ class OriginRoutes:
             return self.origin.versions.get(v)
         version = parse_int(request.match_info["version"], MAX_VERSION, "version")
         index = request.match_info["index"]
+        if (t := self.origin.tracker) is not None:  # members only (piece_pass.py), and the doctor's trial
+            src = request.remote or "?"
+            who = self.pieces.admits(t.peers, request.headers.get(PEER_HEADER, ""), request.headers.get(PASS_HEADER, ""),
+                                     version, index, src, time.monotonic())
+            if not who:
+                t.count("piece_refused")
+                log.debug("piece %d/%s refused to %s: not a member", version, index, src)
+                raise web.HTTPForbidden(text="pieces are served to the swarm's members: join it with "
+                                        "`swarm node --trainer HOST:PORT`")
         order = self.origin.order.get(version)
         if order is None or not index.isdigit() or int(index) >= len(order.sent):
             return await serve_piece(request, lookup, self.origin.limiter, self.origin.cfg.piece_wait_s, self.origin.turns, self.origin.trees)
