@@ -129,8 +129,10 @@ class PieceRace:
         for tr in self.tries:
             if tr.src == ORIGIN or not self.book.still_silent(tr, now):
                 continue
-            if tr.slow:  # too slow: the rate we saw goes to the tracker (placed lower), not a report
-                self.book.slow_evidence(tr, now)
+            if tr.slow:  # too slow: the rate we saw goes to the tracker (placed lower), not a report, and it
+                self.book.slow_evidence(tr, now)  # is left out as long as a source reported dead would be
+                self.book.put_off(tr.src, now, AVOID_S)
+                continue
             if tr.answered:
                 self._avoid_quietly(tr, now)
                 continue
