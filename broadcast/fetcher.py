@@ -16,7 +16,7 @@ import aiohttp
 from .errors import Evicted, FetchError
 from .manifest import PieceRef
 from .messages import ORIGIN
-from .piece_pass import headers
+from .piece_pass import headers, piece_name
 from .piece_race import PieceRace, retry_plan
 from .receive_meter import sending_started
 from .sourcing import SourceBook, Try
@@ -110,7 +110,8 @@ class PieceFetcher:
         how, detail = "unreachable", ""
         try:
             async with self.tracker.session.get(f"{self.url_of(tr.src)}/v/{st.version}/piece/{index}",
-                                                headers=headers(self.tracker.peer_id, self.tracker.token, st.version, index)) as r:
+                                                headers=headers(self.tracker.peer_id, self.tracker.token,
+                                                                piece_name(st.version, index))) as r:
                 self.book.answered(tr, time.monotonic())
                 if r.status == 404:
                     how = "absent"

@@ -17,7 +17,7 @@ from swarm_common.http import read_capped
 
 from .identity import check_reach
 from .messages import ReachAnswer, Report, decode
-from .piece_pass import headers, posing_as
+from .piece_pass import headers, piece_name, posing_as
 from .verdicts import (
     PROBE_CACHE_S,
     BanHook,
@@ -164,7 +164,7 @@ class Judge:
             return await self._once(rec, "reach", reach)
         # As one of its receivers would ask (piece_pass.py): by its headers, not the origin's check.
         who = posing_as(self.tracker.peers, rec)
-        hdrs = headers(who.peer_id if who else None, who.token if who else "", p.version, p.index)
+        hdrs = headers(who.peer_id if who else None, who.token if who else "", piece_name(p.version, p.index))
         if p.kind == "answers":
             return await self._once(rec, "answers", lambda: self.prober.answers(url, p.version, p.index, hdrs),
                                     f"{p.version}/{p.index}")

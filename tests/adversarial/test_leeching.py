@@ -17,7 +17,7 @@ from broadcast.config import OriginConfig
 from broadcast.messages import ORIGIN, Join
 from broadcast.origin import Origin
 from broadcast.peer import Peer, PeerConfig
-from broadcast.piece_pass import PASS_HEADER, PEER_HEADER, TRIAL, headers, piece_pass
+from broadcast.piece_pass import PASS_HEADER, PEER_HEADER, TRIAL, file_name, headers, pass_for, piece_name
 from broadcast.verdicts import prove
 from swarm_common.keys import KeyPair
 
@@ -40,9 +40,9 @@ async def origin(tmp_path: Path) -> Origin:
 
 def test_the_origin_serves_pieces_to_members_and_a_stranger_only_a_trial(tmp_path):
     """A stranger gets the trial's few pieces (the doctor's download check) and then 403, however it names
-    itself; a member, with its pass, gets every piece."""
+    itself, and no whole file; a member, with its pass, gets every piece and file."""
 
-    async def main() -> tuple[list[int], list[int], list[int]]:
+    async def main() -> tuple[list[int], list[int], list[int], list[tuple[int, int]]]:
         o = await origin(tmp_path)
         try:
             assert o.tracker
@@ -55,12 +55,17 @@ def test_the_origin_serves_pieces_to_members_and_a_stranger_only_a_trial(tmp_pat
                         return r.status
                 stranger = [await get(i, {}) for i in range(n)]
                 posing = [await get(i, {PEER_HEADER: j.peer_id, PASS_HEADER: "0" * 32}) for i in range(n)]
-                member = [await get(i, headers(j.peer_id, j.token, 1, i)) for i in range(n)]
-            return stranger, posing, member
+                member = [await get(i, headers(j.peer_id, j.token, piece_name(1, i))) for i in range(n)]
+                files = []  # a version's files whole: members only, no trial
+                for hdrs in ({}, headers(j.peer_id, j.token, file_name(1, "model.safetensors"))):
+                    async with s.get(f"{o.url}/v/1/file/model.safetensors", headers=hdrs) as r:
+                        files.append((r.status, len(await r.read())))
+            return stranger, posing, member, files
         finally:
             await o.stop()
 
-    stranger, posing, member = asyncio.run(main())
+    stranger, posing, member, files = asyncio.run(main())
+    assert files[0][0] == 403 and files[1] == (200, 8 * PIECE), files
     trial = int(TRIAL[1])
     assert stranger == [200] * trial + [403] * (len(stranger) - trial), stranger
     assert set(posing) == {403}, posing  # a member's id without its pass is a stranger (its trial is spent)
@@ -116,6 +121,6 @@ def test_the_origins_check_of_a_relay_looks_like_its_childs_request(tmp_path):
 
     (child, check), peer_id, token = asyncio.run(main())
     assert child[PEER_HEADER] == check[PEER_HEADER] == peer_id
-    assert child[PASS_HEADER] == check[PASS_HEADER] == piece_pass(token, 1, 3)
+    assert child[PASS_HEADER] == check[PASS_HEADER] == pass_for(token, piece_name(1, 3))
     assert {k.lower(): v for k, v in child.items() if k != "Host"} == \
         {k.lower(): v for k, v in check.items() if k != "Host"}

@@ -9,11 +9,20 @@ under way, keeps it up until a line arrives on stdin, then prints one JSON line 
   reports N V URL...  N members reporting each URL corrupt, stalled and dead (version V), over and over
   hijack URL...    fresh keys joining with these (honest relays') addresses
   flood N          N signed joins with fresh keys, 64 at a time
+  leech N          N loops fetching every piece of the newest version from the origin, without joining
+  loris N          N two-faced relays (below): everyone but the origin's check is sent a piece at 8 KiB/s
+  liars N URL...   N two-faced relays that send their children nothing and report each URL stalling
+  friends N        N two-faced relays that say they received each other's pieces at 12.5 GB/s
+A two-faced relay passes the connect-back, says it holds the newest version, serves the origin's checks
+(a piece request with no X-Peer: the origin's, on the code before issue 29) the real piece, fetched from
+the origin as a member, and answers the uplink probe at once with filler.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import secrets
 import sys
@@ -221,9 +230,157 @@ async def flood(s, tracker: str, n: str) -> dict:
     return {"codes": codes, "seconds": round(secs, 2)}
 
 
+def pass_for(ident: Identity, v: int | str, i: int | str) -> dict:
+    """A member's headers for piece v/i: its id and an HMAC of its token over the piece's name."""
+    mac = hmac.new(ident.token.encode(), f"piece {v}/{i}".encode(), hashlib.sha256).hexdigest()[:32]
+    return {"X-Peer": ident.peer_id, "X-Peer-Pass": mac}
+
+
+class TwoFaced:
+    """See the module's docstring. `trickle`: bytes every 0.5 s to others (0: answer and send nothing)."""
+
+    def __init__(self, s: aiohttp.ClientSession, tracker: str, trickle: int):
+        self.s, self.tracker, self.trickle = s, tracker, trickle
+        self.ident = Identity()
+        self.checks = self.served = 0
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+        self.url = ""
+
+    async def _real(self, v: str, i: str) -> bytes | None:
+        async with self.s.get(f"{self.tracker}/v/{v}/piece/{i}", headers=pass_for(self.ident, v, i)) as r:
+            return await r.read() if r.status == 200 else None
+
+    async def start(self) -> None:
+        async def piece(request: web.Request) -> web.StreamResponse:
+            v, i = request.match_info["v"], request.match_info["i"]
+            if "X-Peer" not in request.headers:
+                self.checks += 1
+                body = await self._real(v, i)
+                return web.Response(body=body) if body is not None else web.Response(status=404)
+            self.served += 1
+            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            await resp.prepare(request)
+            body = await self._real(v, i) if self.trickle else None
+            if body is None:
+                await asyncio.sleep(3600)
+            for k in range(0, len(body), self.trickle):
+                await resp.write(body[k:k + self.trickle])
+                await asyncio.sleep(0.5)
+            await resp.write_eof()
+            return resp
+
+        async def reach(request: web.Request) -> web.Response:
+            return web.json_response(self.ident.reach(request.query.get("nonce", "")))
+
+        async def probe(request: web.Request) -> web.Response:
+            return web.Response(body=bytes(1 << 20))
+
+        async def ok(request: web.Request) -> web.Response:
+            return web.json_response({"ok": True})
+
+        app = web.Application()
+        app.add_routes([web.get("/reach", reach), web.get("/health", ok), web.get("/probe", probe),
+                        web.get("/v/{v}/piece/{i}", piece)])
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{self.port}"
+        while await join(self.s, self.tracker, self.ident, relay=True, port=self.port, name="twofaced") == 429:
+            await asyncio.sleep(0.3)
+
+
+async def two_faced(s, tracker: str, n: str, trickle: int, urls: tuple[str, ...] = (), friends: bool = False) -> dict:
+    relays = [TwoFaced(s, tracker, trickle) for _ in range(int(n))]
+    for r in relays:
+        await r.start()
+    stop = asyncio.Event()
+    answers: dict[str, int] = {}
+
+    async def beat() -> None:  # says it holds every version; `friends`: vouches for the others
+        while not stop.is_set():
+            async with s.get(f"{tracker}/latest") as resp:
+                latest = (await resp.json()).get("latest")
+            for r in relays:
+                others = [x.url for x in relays if x is not r] if friends else []
+                await post(s, f"{tracker}/heartbeat", {
+                    "peer_id": r.ident.peer_id, "token": r.ident.token, "complete": [latest] if latest else [],
+                    "served_bytes": 1 << 34, "received": {u: 1 << 34 for u in others},
+                    "recent": {u: [25_000 << 20, 2.0] for u in others}})
+                for url in urls if latest else ():
+                    code, body = await post(s, f"{tracker}/report", {
+                        "peer_id": r.ident.peer_id, "token": r.ident.token, "accused_url": url, "reason": "stall",
+                        "version": latest, "piece": 0, "detail": "no bytes"})
+                    key = body.get("action") if isinstance(body, dict) else f"HTTP {code}"
+                    answers[key] = answers.get(key, 0) + 1
+            try:
+                await asyncio.wait_for(stop.wait(), HB)
+            except TimeoutError:
+                pass
+
+    task = asyncio.create_task(beat())
+    print("READY", flush=True)
+    await stdin_line()
+    stop.set()
+    await task
+    for r in relays:
+        await r.runner.cleanup()  # type: ignore[union-attr]
+    return {"checks_served": sum(r.checks for r in relays), "requests_trickled": sum(r.served for r in relays),
+            "answers": answers}
+
+
+async def loris(s, tracker: str, n: str) -> dict:
+    return await two_faced(s, tracker, n, 4 << 10)
+
+
+async def liars(s, tracker: str, n: str, *urls: str) -> dict:
+    return await two_faced(s, tracker, n, 0, urls)
+
+
+async def friends(s, tracker: str, n: str) -> dict:
+    return await two_faced(s, tracker, n, 0, friends=True)
+
+
+async def leech(s, tracker: str, n: str) -> dict:
+    stop = asyncio.Event()
+    codes: dict[str, int] = {}
+    got = 0
+
+    async def one() -> None:
+        nonlocal got
+        while not stop.is_set():
+            async with s.get(f"{tracker}/latest") as resp:
+                v = (await resp.json()).get("latest")
+            for i in range(10_000):
+                if stop.is_set() or v is None:
+                    break
+                try:
+                    async with s.get(f"{tracker}/v/{v}/piece/{i}", headers={"X-Peer": secrets.token_hex(8)}) as r:
+                        body = await r.read()
+                except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                    codes[type(e).__name__] = codes.get(type(e).__name__, 0) + 1
+                    continue
+                codes[str(r.status)] = codes.get(str(r.status), 0) + 1
+                if r.status in (400, 404):
+                    break
+                got += len(body) if r.status == 200 else 0
+                if r.status == 403:
+                    await asyncio.sleep(1.0)
+
+    tasks = [asyncio.create_task(one()) for _ in range(int(n))]
+    print("READY", flush=True)
+    await stdin_line()
+    stop.set()
+    await asyncio.gather(*tasks)
+    return {"codes": codes, "bytes": got}
+
+
 async def main(mode: str, tracker: str, *args: str) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-        out = await {"stall": stall, "reports": reports, "hijack": hijack, "flood": flood}[mode](s, tracker, *args)
+        out = await {"stall": stall, "reports": reports, "hijack": hijack, "flood": flood, "leech": leech, "loris": loris,
+                     "liars": liars, "friends": friends}[mode](s, tracker, *args)
     print(json.dumps(out), flush=True)
 
 

@@ -15,7 +15,7 @@ import broadcast.serving as serving
 from broadcast.config import OriginConfig
 from broadcast.messages import Join
 from broadcast.origin import Origin
-from broadcast.piece_pass import headers
+from broadcast.piece_pass import headers, piece_name
 from broadcast.turns import turn_key
 from swarm_common.keys import KeyPair
 
@@ -36,7 +36,7 @@ async def fetch_all(tmp_path, requests: list[tuple[str, int]]) -> list[float]:
 
             async def one(child: str, i: int) -> float:
                 j = members[child]
-                async with s.get(f"{o.url}/v/1/piece/{i}", headers=headers(j.peer_id, j.token, 1, i)) as r:
+                async with s.get(f"{o.url}/v/1/piece/{i}", headers=headers(j.peer_id, j.token, piece_name(1, i))) as r:
                     assert r.status == 200
                     assert len(await r.read()) == PIECE
                 return time.monotonic() - t0
