@@ -268,7 +268,7 @@ async def _issue29(tmp: Path, name: str, attempted: str, mode: str, *args: str, 
         tr = lab.origin.tracker
         base = statistics.median([await lab.deliver() for _ in range(versions)])
         urls = [p.url for p in lab.honest().values()] if mode == "liars" else []
-        proc = await start_attacker(lab, mode, str(ATTACKERS), *args, *urls)
+        proc = await start_attacker(lab, mode, str(ATTACKERS), *args, *urls)  # args: 'smart' or none
         try:
             await asyncio.sleep(2.0)
             t = await _median_within(lab, versions, timeout)
@@ -301,4 +301,17 @@ async def issue29_rows(tmp: Path) -> list[dict]:
                        "other's uploads at 12.5 GB/s", "friends"),
         await _issue29(tmp / "leech", "leeching", "loops fetch every piece from the origin without joining",
                        "leech"),
+    ]
+
+
+async def issue29_smart_rows(tmp: Path) -> list[dict]:
+    """The same two-faced keys, smarter: while they have no children they serve every request in full (only
+    the origin asks a leaf for pieces), so they do earn the origin's one-piece proof whatever its headers."""
+    return [
+        await _issue29(tmp / "liars-smart", "smart_bought_standing_reports", "as a leaf serve every request, "
+                       "then report the honest relays stalling", "liars", "smart"),
+        await _issue29(tmp / "loris-smart", "smart_slow_loris", "as a leaf serve every request, with children "
+                       "send everyone 8 KiB/s", "loris", "smart"),
+        await _issue29(tmp / "friends-smart", "smart_credit_from_friends", "as a leaf serve every request, and "
+                       "confirm each other's uploads at 12.5 GB/s", "friends", "smart"),
     ]
