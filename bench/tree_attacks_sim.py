@@ -2,9 +2,10 @@
 broadcast/'s tracker, verdicts and piece races on simulated time; docs/tree-simulation.md).
 
 N peers with equal uplinks B, a new swarm (no probes: the join-order layout), `--versions` versions of S in
-a row. The first K peers to join (a third by default) are attackers that pass the origin's checks (the
-simulated check reads whether the relay holds the piece, not how it serves others: the attackers can tell
-the origin apart, as a leaf always can) and then:
+a row. The honest peers are the simulator's usual ones (keys the trainer trusts); the first K peers to join
+(a third by default) are attackers with fresh keys that pass the origin's checks (the simulated check reads
+whether the relay holds the piece, not how it serves others: the attackers can tell the origin apart, as a
+leaf always can) and then:
   liars    send their children nothing (uplink ~0) and report every honest relay stalling, each second
   friends  send their children nothing, and say in every heartbeat they received each other's pieces at
            12.5 GB/s (what placement reads)
@@ -42,6 +43,10 @@ def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, 
     t = sw.origin.tracker
     ever_demoted: set[str] = set()
 
+    def untrust() -> None:  # the simulator trusts its peers (established nodes); attackers are fresh keys
+        for a in bad:
+            t.set_trusted(t.peers[a.pid].key, False)
+
     def tick() -> None:
         ever_demoted.update(p.pid for p in honest if p.pid in t.peers and t.peers[p.pid].demoted)
         for a in bad:
@@ -60,6 +65,7 @@ def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, 
     up = 32 << 10 if attack == "loris" else 1.0
     for a in bad:
         sim.at(2.0, setattr, a.host, "up", up)
+    sim.at(0.9, untrust)
     sim.at(1.0, tick)
     sw.on_all_done = lambda: setattr(sim, "stopped", True)
     t0, took = 2.0, []
