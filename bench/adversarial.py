@@ -133,7 +133,7 @@ def tree_rows(root: Path, which: str = "all") -> list[dict]:
         rows = asyncio.run(run_all(root / "tree"))
         rows.append(asyncio.run(stallers_first(root / "tree-first")))
     rows += asyncio.run(issue29_rows(root / "tree-29")) if which != "issue29-smart" else []
-    rows += asyncio.run(issue29_smart_rows(root / "tree-29s")) if which != "all" else []
+    rows += asyncio.run(issue29_smart_rows(root / "tree-29s")) if which == "issue29-smart" else []
 
     def s(x: float | None, w: int) -> str:  # None: a version did not reach every honest relay in time
         return f"{'stopped':>{w}}" if x is None else f"{x:>{w}.2f}"
