@@ -143,8 +143,9 @@ class PieceRace:
         """It answered, then sent nothing: avoided for a while, not reported. It may be an honest relay whose
         own parent stalls (a report the origin's probe cannot confirm would cost us standing, and the
         staller nothing)."""
-        self.book.put_off(tr.src, now, SILENT_AVOID_S)
-        log.info("%s sent nothing in %.2fs; avoiding it %.0fs", tr.src, now - tr.started, SILENT_AVOID_S)
+        self.book.silent_through(tr.src, now)
+        log.info("%s sent nothing in %.2fs; avoiding it %.0fs", tr.src, now - tr.started,
+                 self.book.avoid.get(tr.src, now) - now)
 
 
 def retry_plan(outcome: str, failures: int, book: SourceBook) -> RetryPlan:

@@ -70,6 +70,7 @@ class SourceBook:
         self.last_bytes: dict[str, tuple[float, int]] = {}  # per source: when it last sent bytes, pieces_in then
         self.received: dict[str, int] = {}  # per source: verified bytes since start (standing's evidence)
         self.meter = ReceiveMeter()  # per source: what came and how long it took (placement's evidence)
+        self.silences: dict[str, int] = {}  # per source: races it was silent through since it last delivered
 
     # -- which source ----------------------------------------------------------------------------------
     def chain(self, relays: list[str], now: float) -> list[str]:
@@ -129,8 +130,19 @@ class SourceBook:
             self.meter.span(tr.src, tr.first_at, now)
             self.meter.credit(tr.src, tr.got)
 
+    def silent_through(self, src: str, now: float) -> None:
+        """It answered and sent nothing while another source delivered the piece: avoided SILENT_AVOID_S, twice
+        that each time again until it delivers a piece, up to AVOID_S (a loaded honest relay recovers; one
+        that answers everyone and sends no one anything is asked about once per AVOID_S, issue 29)."""
+        n = self.silences.pop(src, 0) + 1
+        self.silences[src] = n
+        if len(self.silences) > MAX_KNOWN:
+            del self.silences[next(iter(self.silences))]
+        self.put_off(src, now, min(SILENT_AVOID_S * 2 ** (n - 1), AVOID_S))
+
     def piece_in(self, tr: Try, size: int, now: float, sent_from: float | None) -> None:
         """A verified piece from tr.src: `sent_from` is when its source began sending it (None: unknown)."""
+        self.silences.pop(tr.src, None)
         tr.outcome = "ok"
         self.pieces_in += 1
         took = now - tr.started  # held, then streamed

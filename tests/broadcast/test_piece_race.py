@@ -116,3 +116,20 @@ def test_corrupt_sources_are_avoided_for_good_and_the_origin_never():
     assert race.concluded(o, "timeout", 31.0) is None and ORIGIN not in b.avoid  # the root of every tree
     race.ended(o, 31.0)
     assert race.result == "failed" and retry_plan("failed", 20, b).give_up
+
+
+def test_a_parent_silent_race_after_race_is_avoided_longer_each_time_until_it_delivers():
+    """Answered, then nothing, while another source delivered: avoided 5 s, then 10, 20, up to AVOID_S (a
+    relay that answers everyone and sends no one anything cost each version ~4 s in the attack lab when it
+    was asked again every 5 s); one piece from it and it starts again at 5 s."""
+    b = book()
+    waits = []
+    for k in range(5):
+        now = 100.0 * k
+        b.silent_through(P, now)
+        waits.append(b.avoid[P] - now)
+    assert waits == [SILENT_AVOID_S, 2 * SILENT_AVOID_S, 4 * SILENT_AVOID_S, AVOID_S, AVOID_S]
+    tr = PieceRace(b, [P, ORIGIN], 600.0).start(600.0)
+    b.piece_in(tr, 1, 600.5, 600.1)
+    b.silent_through(P, 700.0)
+    assert b.avoid[P] == 700.0 + SILENT_AVOID_S
