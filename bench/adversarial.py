@@ -1,6 +1,6 @@
 """Adversarial report: every attack of tests/adversarial against a live trainer with honest nodes beside it.
 
-    python bench/adversarial.py [--json FILE] [--honest-groups 1000] [--tree | --tree-only]
+    python bench/adversarial.py [--json FILE] [--honest-groups 1000] [--tree | --tree-only | --tree-issue29]
                                 [--episodes | --episodes-only] [--honest-episodes 2000]
 
 Starts a trainer (`swarm train`) and a real vLLM node, then:
@@ -121,25 +121,37 @@ def cherry_power(sampler: Sampler, task, group_size: int, ks: list[int], ms: lis
     return out
 
 
-def tree_rows(root: Path) -> list[dict]:
+def tree_rows(root: Path, which: str = "all") -> list[dict]:
+    """`which`: 'all', 'issue29' (only issue 29's attacks: keys that pass the origin's checks), or
+    'issue29-smart' (the same keys, smarter: they earn the origin's proof as leaves)."""
     import asyncio
 
-    from tests.adversarial.tree_attacks import run_all, stallers_first
+    from tests.adversarial.tree_attacks import issue29_rows, issue29_smart_rows, run_all, stallers_first
 
-    rows = asyncio.run(run_all(root / "tree"))
-    rows.append(asyncio.run(stallers_first(root / "tree-first")))
-    print(f"\n{'tree attack':<17}{'attempts':>9}{'refused/contained':>19}{'honest banned/evicted/demoted':>31}"
+    rows = []
+    if which == "all":
+        rows = asyncio.run(run_all(root / "tree"))
+        rows.append(asyncio.run(stallers_first(root / "tree-first")))
+    rows += asyncio.run(issue29_rows(root / "tree-29")) if which != "issue29-smart" else []
+    rows += asyncio.run(issue29_smart_rows(root / "tree-29s")) if which == "issue29-smart" else []
+
+    def s(x: float | None, w: int) -> str:  # None: a version did not reach every honest relay in time
+        return f"{'stopped':>{w}}" if x is None else f"{x:>{w}.2f}"
+    print(f"\n{'tree attack':<24}{'attempts':>9}{'refused/contained':>19}{'honest banned/evicted/demoted':>31}"
           f"{'delivery s':>12}{'unattacked s':>14}{'ratio':>7}")
     for r in rows:
         harm = f"{r['honest_banned']}/{r['honest_evicted']}/{r['honest_demoted']}"
-        print(f"{r['attack']:<17}{r['attempts']:>9}{r['detected']:>19}{harm:>31}{r['delivery_s']:>12.2f}"
-              f"{r['unattacked_s']:>14.2f}{r['delivery_ratio']:>7.2f}")
+        print(f"{r['attack'][:23]:<24}{r['attempts']:>9}{r['detected']:>19}{harm:>31}{s(r['delivery_s'], 12)}"
+              f"{r['unattacked_s']:>14.2f}{s(r['delivery_ratio'], 9)}")
     for r in rows:
         print(f"  {r['attack']}: {r['attempted']}; " + ", ".join(
             f"{k}={v}" for k, v in r.items() if k in ("joined", "stallers_with_children", "piece_requests_held",
                                                        "answers", "codes", "accepted", "peers_held", "seconds",
-                                                       "first_version_s")))
-    print(f"  tracker's refusals and detections: {rows[-2]['refused']}; with stallers first: {rows[-1]['refused']}")
+                                                       "first_version_s", "honest_penalized",
+                                                       "attackers_with_standing", "checks_served",
+                                                       "requests_trickled", "bytes", "refused")))
+    if which == "all":
+        print(f"  tracker's refusals and detections: {rows[3]['refused']}; with stallers first: {rows[4]['refused']}")
     return rows
 
 
@@ -151,6 +163,10 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp/swarm-bench-adversarial", help="work directory (emptied first)")
     ap.add_argument("--tree", action="store_true", help="also run the relay tree's attacks")
     ap.add_argument("--tree-only", action="store_true", help="only the relay tree's attacks (no trainer, no vLLM)")
+    ap.add_argument("--tree-issue29", action="store_true", help="only issue 29's tree attacks (keys that pass the "
+                    "origin's checks: false reports, slow-loris, credit from friends; and leeching)")
+    ap.add_argument("--tree-issue29-smart", action="store_true", help="the same keys, smarter: as leaves they "
+                    "serve every request (only the origin asks a leaf), so they earn the origin's proof")
     ap.add_argument("--episodes", action="store_true", help="also the attacks on multi-turn work (calculator)")
     ap.add_argument("--episodes-only", action="store_true", help="only the attacks on multi-turn work")
     ap.add_argument("--honest-episodes", type=int, default=2000, help="honest episodes to check for false positives")
@@ -168,8 +184,8 @@ def main() -> int:
         if args.json:
             Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode({"episodes": res})))
         return 0 if episodes_ok(res) else 1
-    if args.tree_only:
-        rows = tree_rows(root)
+    if args.tree_only or args.tree_issue29 or args.tree_issue29_smart:
+        rows = tree_rows(root, "issue29-smart" if args.tree_issue29_smart else "issue29" if args.tree_issue29 else "all")
         if args.json:
             Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode({"tree": rows})))
         return 0 if all(r["honest_banned"] + r["honest_evicted"] + r["honest_demoted"] == 0 for r in rows) else 1

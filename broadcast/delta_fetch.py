@@ -29,6 +29,7 @@ import aiohttp
 from .delta import PAYLOAD, DeltaError, apply
 from .errors import FetchError
 from .manifest import Manifest, TargetFile
+from .piece_pass import file_name
 
 if TYPE_CHECKING:
     from .store import VersionState
@@ -50,6 +51,7 @@ class Versions(Protocol):
     def pending(self, version: int) -> asyncio.Task | None: ...
     def ensure(self, version: int) -> asyncio.Task: ...
     async def manifest(self, version: int) -> Manifest: ...
+    def pass_headers(self, name: str) -> dict[str, str]: ...
 
 
 async def materialize(versions: Versions, st: VersionState) -> None:
@@ -150,7 +152,8 @@ async def _fetch_file(versions: Versions, version: int, t: TargetFile, scratch: 
     dest = scratch / t.path
     dest.parent.mkdir(parents=True, exist_ok=True)
     h, got = hashlib.sha256(), 0
-    async with versions.session.get(f"{versions.origin_url}/v/{version}/file/{quote(t.path)}") as r:
+    async with versions.session.get(f"{versions.origin_url}/v/{version}/file/{quote(t.path)}",
+                                    headers=versions.pass_headers(file_name(version, t.path))) as r:
         if r.status != 200:
             raise FetchError(f"the origin answered {r.status} for {t.path} of v{version}")
         with open(dest, "wb") as f:

@@ -4,7 +4,8 @@ A version's manifest comes from the nearest ancestor that holds it (it is signed
 and N peers all asking the origin would spend N manifests of the origin's uplink), its pieces from the
 fetcher (fetcher.py: `window` requests in flight per tree), then a delta becomes its files
 (delta_fetch.py), the store publishes the directory, and retention drops the oldest. delta_fetch.py sees
-this object only through its `Versions` interface: held, pending, ensure, manifest, session, origin_url.
+this object only through its `Versions` interface: held, pending, ensure, manifest, session, origin_url,
+pass_headers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .errors import Evicted, FetchError
 from .fetcher import PieceFetcher
 from .manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, decode_manifest
 from .messages import ORIGIN
+from .piece_pass import headers
 from .store import Store, VersionState
 from .tracker_client import TrackerClient
 
@@ -46,6 +48,10 @@ class Downloads:
     def session(self) -> aiohttp.ClientSession:
         assert self.tracker.session
         return self.tracker.session
+
+    def pass_headers(self, name: str) -> dict[str, str]:
+        """This member's id and pass for `name` (piece_pass.py: the origin serves members only)."""
+        return headers(self.tracker.peer_id, self.tracker.token, name)
 
     def changed(self) -> None:
         self._changed.set()

@@ -1,7 +1,7 @@
 """A peer's pieces over HTTP: drives piece_race.PieceRace with real requests and the real clock.
 
 Each try is one GET of /v/N/piece/I (with the peer's id in X-Peer, so the source can take its requests in
-turns); what happens to it (answer, bytes, hash, failure) is fed to the race and the SourceBook, which
+turns, and its pass for that piece, which the origin asks of members: piece_pass.py); what happens to it (answer, bytes, hash, failure) is fed to the race and the SourceBook, which
 decide; this file only does the I/O. The simulator (bench/simlib) drives the same race on simulated time.
 """
 
@@ -16,6 +16,7 @@ import aiohttp
 from .errors import Evicted, FetchError
 from .manifest import PieceRef
 from .messages import ORIGIN
+from .piece_pass import headers, piece_name
 from .piece_race import PieceRace, retry_plan
 from .receive_meter import sending_started
 from .sourcing import SourceBook, Try
@@ -63,7 +64,7 @@ class PieceFetcher:
 
     async def race(self, st: VersionState, index: int, chain: list[str]) -> str:
         """One race for piece `index` along `chain`: 'ok', 'gone', 'dead' or 'failed' (piece_race.py)."""
-        race = PieceRace(self.book, chain, time.monotonic())
+        race = PieceRace(self.book, chain, time.monotonic(), st.pieces[index].size)
         tasks: dict[Try, asyncio.Task] = {}
 
         def send(tries: list[Try]) -> None:
@@ -109,7 +110,8 @@ class PieceFetcher:
         how, detail = "unreachable", ""
         try:
             async with self.tracker.session.get(f"{self.url_of(tr.src)}/v/{st.version}/piece/{index}",
-                                                headers={"X-Peer": self.tracker.peer_id or ""}) as r:
+                                                headers=headers(self.tracker.peer_id, self.tracker.token,
+                                                                piece_name(st.version, index))) as r:
                 self.book.answered(tr, time.monotonic())
                 if r.status == 404:
                     how = "absent"

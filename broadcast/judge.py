@@ -17,6 +17,7 @@ from swarm_common.http import read_capped
 
 from .identity import check_reach
 from .messages import ReachAnswer, Report, decode
+from .piece_pass import headers, piece_name, posing_as
 from .verdicts import (
     PROBE_CACHE_S,
     BanHook,
@@ -40,8 +41,10 @@ MAX_PROBES = 8  # probes in flight at once, all kinds together
 class Prober:
     """Connects back to relays: signed-nonce reachability checks and whole-piece fetches."""
 
-    def __init__(self, session: aiohttp.ClientSession, connect_timeout: float = 2.0, ttfb: float = 2.0):
+    def __init__(self, session: aiohttp.ClientSession, pieces: aiohttp.ClientSession | None = None,
+                 connect_timeout: float = 2.0, ttfb: float = 2.0):
         self.session = session
+        self.pieces = pieces or session  # piece requests: sent as a peer's are (piece_pass.py)
         self.connect_timeout, self.ttfb = connect_timeout, ttfb
         self._sem = asyncio.Semaphore(MAX_PROBES)
 
@@ -71,12 +74,12 @@ class Prober:
             return "mismatch", ans.key if len(ans.key) == 64 else None, f"connect-back to {url}: {why}"
         return "ok", ans.key, f"{url} answers for key {ans.key[:16]}..."
 
-    async def answers(self, url: str, version: int, index: int) -> str:
+    async def answers(self, url: str, version: int, index: int, headers: dict[str, str] | None = None) -> str:
         """'answers' when a piece request gets any answer (an honest relay answers at once, even for a piece
         still on its way to it), 'stall' when none comes within the deadline, 'dead' when it can't connect."""
         async with self._sem:
             try:
-                async with self.session.get(f"{url}/v/{version}/piece/{index}",
+                async with self.pieces.get(f"{url}/v/{version}/piece/{index}", headers=headers,
                                             timeout=self._timeout(self.connect_timeout + self.ttfb)):
                     return "answers"
             except TimeoutError:
@@ -84,7 +87,8 @@ class Prober:
             except (aiohttp.ClientError, OSError):
                 return "dead"
 
-    async def piece(self, url: str, st: VersionState, index: int, total: float = 30.0) -> str:
+    async def piece(self, url: str, st: VersionState, index: int, total: float = 30.0,
+                    headers: dict[str, str] | None = None) -> str:
         """'ok' or 'corrupt' (the whole piece, hashed), 'stall' (no answer within the deadline), 'slow' (an
         answer, but not the whole piece in time: inconclusive), 'dead', or 'unknown' (not held there)."""
         ref = st.pieces[index]
@@ -93,7 +97,7 @@ class Prober:
             try:
                 timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout, sock_read=10.0)
                 async with asyncio.timeout(self.connect_timeout + self.ttfb):
-                    r = await self.session.get(f"{url}/v/{st.version}/piece/{index}", timeout=timeout)
+                    r = await self.pieces.get(f"{url}/v/{st.version}/piece/{index}", headers=headers, timeout=timeout)
                     answered = True
                 async with r:
                     if r.status != 200:
@@ -158,13 +162,17 @@ class Judge:
                 status, _, detail = await self.prober.reach(url, rec.key)
                 return "ok" if status == "ok" else f"{status}: {detail}"
             return await self._once(rec, "reach", reach)
+        # As one of its receivers would ask (piece_pass.py): by its headers, not the origin's check.
+        who = posing_as(self.tracker.peers, rec)
+        hdrs = headers(who.peer_id if who else None, who.token if who else "", piece_name(p.version, p.index))
         if p.kind == "answers":
-            return await self._once(rec, "answers", lambda: self.prober.answers(url, p.version, p.index),
+            return await self._once(rec, "answers", lambda: self.prober.answers(url, p.version, p.index, hdrs),
                                     f"{p.version}/{p.index}")
         st = self.versions().get(p.version)
         if st is None or not 0 <= p.index < len(st.pieces):
             return "unknown"
-        return await self._once(rec, "piece", lambda: self.prober.piece(url, st, p.index), f"{p.version}/{p.index}")
+        return await self._once(rec, "piece", lambda: self.prober.piece(url, st, p.index, headers=hdrs),
+                                f"{p.version}/{p.index}")
 
     async def _once(self, rec: PeerRec, kind: str, probe, what: str = "") -> str:
         """Probe a peer at most once per PROBE_CACHE_S for each kind of probe, whatever the number of reports:

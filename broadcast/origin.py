@@ -58,6 +58,7 @@ class Origin:
         self.new_version = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._checks: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         self._url: str | None = None
         self.closing = False
@@ -82,7 +83,11 @@ class Origin:
         self.tracker.uploads.restore(self.root_dir / UPLINKS_FILE)  # a restarted trainer's swarm: no re-probing
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
                                               connector=aiohttp.TCPConnector(limit=64, force_close=True))
-        self.prober = Prober(self._session)
+        # Piece checks from a session like a peer's (kept alive: force_close would add 'Connection: close',
+        # which tells a relay the request is the origin's; piece_pass.py).
+        self._checks = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10),
+                                             connector=aiohttp.TCPConnector(limit=64))
+        self.prober = Prober(self._session, self._checks)
         self.judge = Judge(self.tracker, self.prober, lambda: self.versions, self._banned_here)
         self.uplinks = UplinkProber(self.tracker, self._session, self.judge.spawn)
         self._tasks.append(asyncio.create_task(self._reaper()))
@@ -98,8 +103,9 @@ class Origin:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self._tasks.clear()
-        if self._session:
-            await self._session.close()
+        for session in (self._session, self._checks):
+            if session:
+                await session.close()
         if self._runner:
             await self._runner.cleanup()
 

@@ -21,6 +21,7 @@ from .delta_publish import serve_file
 from .identity import JOIN_SKEW_S, check_join
 from .manifest import encode_manifest
 from .messages import MAX_TRACKER_MESSAGE_BYTES, Join, Latest, Leave, PeerHeartbeat, ReachTest, Report, decode
+from .piece_pass import PASS_HEADER, PEER_HEADER, PieceGate, file_name, piece_name
 from .serving import MAX_VERSION, parse_int, serve_piece
 from .store import VersionState
 from .tracker import TrackerError
@@ -71,6 +72,7 @@ class OriginRoutes:
         cfg = origin.cfg
         self.joins = JoinGate(cfg)
         self.reports = ReportGate()
+        self.pieces = PieceGate()
         self.doctor_limit = KeyedBuckets(0.5, 3.0)
         # once an interval, and at once after a report or a version: more only costs the trainer's CPU
         self.hb_limit = KeyedBuckets(4.0 / cfg.heartbeat_s, 12.0)
@@ -244,7 +246,20 @@ class OriginRoutes:
             raise web.HTTPNotFound(text=f"version {version} not available (retired or never published)")
         return web.Response(body=encode_manifest(st.manifest), content_type="application/json")
 
+    def _members_only(self, request: web.Request, name: str, trial: bool = True) -> None:
+        """Pieces and files go to the swarm's members (piece_pass.py); a stranger's pieces to its trial."""
+        if (t := self.origin.tracker) is None:
+            return
+        src = request.remote or "?"
+        if not self.pieces.admits(t.peers, request.headers.get(PEER_HEADER, ""), request.headers.get(PASS_HEADER, ""),
+                                  name, src, time.monotonic(), trial):
+            t.count("piece_refused")
+            log.debug("%s refused to %s: not a member", name, src)
+            raise web.HTTPForbidden(text="pieces are served to the swarm's members: join it with "
+                                    "`swarm node --trainer HOST:PORT`")
+
     async def _file(self, request: web.Request) -> web.StreamResponse:
+        self._members_only(request, file_name(request.match_info["version"], request.match_info["path"]), trial=False)
         return await serve_file(request, {v: st.manifest for v, st in self.origin.versions.items()}, self.origin.full_dirs,
                                 self.origin.limiter)
 
@@ -253,6 +268,7 @@ class OriginRoutes:
             return self.origin.versions.get(v)
         version = parse_int(request.match_info["version"], MAX_VERSION, "version")
         index = request.match_info["index"]
+        self._members_only(request, piece_name(version, index))
         order = self.origin.order.get(version)
         if order is None or not index.isdigit() or int(index) >= len(order.sent):
             return await serve_piece(request, lookup, self.origin.limiter, self.origin.cfg.piece_wait_s, self.origin.turns, self.origin.trees)

@@ -22,13 +22,14 @@ class PeerRec:
     complete: list[int] = field(default_factory=list)
     progress: dict[int, int] = field(default_factory=dict)
     strikes: int = 0
-    reporters: set[str] = field(default_factory=set)  # keys with standing that reported it stalling
+    reporters: dict[str, float] = field(default_factory=dict)  # vouching keys that reported it stalling: when
     demoted: bool = False
     reachable: bool | None = None
     reach_error: str = ""
     served_bytes: int = 0  # what it says it uploaded
     confirmed: dict[str, int] = field(default_factory=dict)  # child key (with standing) -> bytes received
     rechecked: float = 0.0  # when the origin last connected back to it (unreachable relays are re-checked)
+    given: dict[str, float] = field(default_factory=dict)  # source URLs it was given: when last
 
     @property
     def interior_capable(self) -> bool:

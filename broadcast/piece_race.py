@@ -24,6 +24,7 @@ from .messages import ORIGIN
 from .sourcing import AVOID_S, MAX_FAILURES_PER_PIECE, SILENT_AVOID_S, SourceBook, Try, backoff_s
 
 log = logging.getLogger("broadcast.peer")
+LOOK_MIN_S = 0.001  # a race looks again no sooner than this
 
 
 @dataclass
@@ -43,8 +44,9 @@ class RetryPlan:
 
 
 class PieceRace:
-    def __init__(self, book: SourceBook, chain: list[str], now: float):
-        self.book, self.chain = book, chain
+    def __init__(self, book: SourceBook, chain: list[str], now: float, size: int = 0):
+        """`size`: the piece's bytes (0: not known; its pace is then judged only against MIN_RATE)."""
+        self.book, self.chain, self.size = book, chain, size
         self.tries: list[Try] = []  # in flight, oldest first
         self.pos = 0
         self.result = ""  # ok | gone (the origin has no such version) | dead | failed
@@ -54,7 +56,7 @@ class PieceRace:
         return self._ask_next(now)
 
     def _ask_next(self, now: float) -> Try:
-        tr = Try(self.chain[self.pos], now, self.book.pieces_in)
+        tr = Try(self.chain[self.pos], now, self.book.pieces_in, size=self.size)
         self.pos += 1
         self.tries.append(tr)
         return tr
@@ -66,8 +68,8 @@ class PieceRace:
         while not self.result and self.tries and self.pos < len(self.chain):
             newest = self.tries[-1]
             wait = self.book.silent(newest, now)
-            if wait > 0:
-                return new, now + wait
+            if wait > 0:  # never sooner than LOOK_MIN_S: a float's rounding must not loop a look at one instant
+                return new, now + max(wait, LOOK_MIN_S)
             self.book.bypasses += 1
             newest.gone_around_at = now
             new.append(self._ask_next(now))
@@ -127,6 +129,10 @@ class PieceRace:
         for tr in self.tries:
             if tr.src == ORIGIN or not self.book.still_silent(tr, now):
                 continue
+            if tr.slow:  # too slow: the rate we saw goes to the tracker (placed lower), not a report, and it
+                self.book.slow_evidence(tr, now)  # is left out as long as a source reported dead would be
+                self.book.put_off(tr.src, now, AVOID_S)
+                continue
             if tr.answered:
                 self._avoid_quietly(tr, now)
                 continue
@@ -137,8 +143,9 @@ class PieceRace:
         """It answered, then sent nothing: avoided for a while, not reported. It may be an honest relay whose
         own parent stalls (a report the origin's probe cannot confirm would cost us standing, and the
         staller nothing)."""
-        self.book.put_off(tr.src, now, SILENT_AVOID_S)
-        log.info("%s sent nothing in %.2fs; avoiding it %.0fs", tr.src, now - tr.started, SILENT_AVOID_S)
+        self.book.silent_through(tr.src, now)
+        log.info("%s sent nothing in %.2fs; avoiding it %.0fs", tr.src, now - tr.started,
+                 self.book.avoid.get(tr.src, now) - now)
 
 
 def retry_plan(outcome: str, failures: int, book: SourceBook) -> RetryPlan:

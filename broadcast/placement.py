@@ -25,6 +25,7 @@ import msgspec
 log = logging.getLogger("broadcast.placement")
 MIN_BYTES = 16 << 10  # smaller reports say more about latency than about bandwidth
 MIN_SECONDS = 0.005
+STALLED_S = 1.0  # children that waited this long on a source for less than MIN_BYTES: measured at that rate
 MAX_RATE = 100e9 / 8  # no child sees more than 100 Gbit/s from one source
 MAX_SOURCES = 4096  # sources tracked per version (reports name at most 64 each)
 HEADROOM = 0.1  # places for peers arriving, or moved, while a version is in flight
@@ -74,6 +75,9 @@ class UploadMeter:
             tot[1] += r.seconds
             sent = sum(b for b, _ in children.values())
             if sent < MIN_BYTES:
+                waited = max(sec for _, sec in children.values())
+                if waited >= STALLED_S:  # its children waited on it and got next to nothing: a trickle
+                    self.estimate[url] = sent / waited  # (issue 29: slow-loris), measured so
                 continue
             longest = max(max(sec for _, sec in children.values()), MIN_SECONDS)
             best = max(b / max(sec, MIN_SECONDS) for b, sec in children.values())

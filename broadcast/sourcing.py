@@ -25,6 +25,8 @@ MAX_FAILURES_PER_PIECE = 20
 AVOID_S = 30.0  # a source reported dead or stalling, or that cut a piece short: avoided this long
 SILENT_AVOID_S = 5.0  # a source silent through one race: avoided this long (a loaded honest one recovers)
 IDLE_ROUNDS = 4  # an answered source may send nothing while this many pieces per tree come from elsewhere
+SLOW_FACTOR = 4  # a source sending a piece this many times slower than our usual pieces come is gone around
+MIN_RATE = 16 << 10  # bytes/s: slower than this a source is gone around whatever we usually see
 POLL_S = 0.2  # how often a race looks again whether its newest request has fallen that far behind
 MAX_KNOWN = 256  # sources remembered per peer (the least recently heard are forgotten)
 
@@ -44,6 +46,9 @@ class Try:
     answered: bool = False  # response headers came
     answered_at: float = 0.0
     got: int = 0  # body bytes so far
+    size: int = 0  # the piece's (0: not known)
+    first_at: float = 0.0  # when its first body bytes came (0: none yet)
+    slow: bool = False  # gone around for sending far slower than our pieces usually come
     outcome: str = ""  # ok | absent | dead | failed
     gone_around_at: float = 0.0  # when the race judged it silent and asked the next ancestor (0: never)
 
@@ -65,6 +70,7 @@ class SourceBook:
         self.last_bytes: dict[str, tuple[float, int]] = {}  # per source: when it last sent bytes, pieces_in then
         self.received: dict[str, int] = {}  # per source: verified bytes since start (standing's evidence)
         self.meter = ReceiveMeter()  # per source: what came and how long it took (placement's evidence)
+        self.silences: dict[str, int] = {}  # per source: races it was silent through since it last delivered
 
     # -- which source ----------------------------------------------------------------------------------
     def chain(self, relays: list[str], now: float) -> list[str]:
@@ -107,10 +113,36 @@ class SourceBook:
 
     def body(self, tr: Try, n: int, now: float) -> None:
         self.heard(tr.src, now, body=True)
+        if n and not tr.first_at:
+            tr.first_at = now
         tr.got += n
+
+    def streaming(self, tr: Try, got: int, first_at: float, now: float) -> None:
+        """A stream in progress has brought `got` bytes so far, the first at `first_at` (the simulator's
+        view of a transfer; the aiohttp peer calls `body` per chunk)."""
+        self.heard(tr.src, now, body=True)
+        tr.got, tr.first_at = got, tr.first_at or first_at
+
+    def slow_evidence(self, tr: Try, now: float) -> None:
+        """A source gone around for its pace: what it sent us, over how long, counts in our receive report
+        (placement's evidence, placement.py), so the tracker sees the rate we saw and places it lower."""
+        if tr.got and tr.first_at:
+            self.meter.span(tr.src, tr.first_at, now)
+            self.meter.credit(tr.src, tr.got)
+
+    def silent_through(self, src: str, now: float) -> None:
+        """It answered and sent nothing while another source delivered the piece: avoided SILENT_AVOID_S, twice
+        that each time again until it delivers a piece, up to AVOID_S (a loaded honest relay recovers; one
+        that answers everyone and sends no one anything is asked about once per AVOID_S, issue 29)."""
+        n = self.silences.pop(src, 0) + 1
+        self.silences[src] = n
+        if len(self.silences) > MAX_KNOWN:
+            del self.silences[next(iter(self.silences))]
+        self.put_off(src, now, min(SILENT_AVOID_S * 2 ** (n - 1), AVOID_S))
 
     def piece_in(self, tr: Try, size: int, now: float, sent_from: float | None) -> None:
         """A verified piece from tr.src: `sent_from` is when its source began sending it (None: unknown)."""
+        self.silences.pop(tr.src, None)
         tr.outcome = "ok"
         self.pieces_in += 1
         took = now - tr.started  # held, then streamed
@@ -130,27 +162,53 @@ class SourceBook:
         usual piece latencies passed, while its source sent us nothing (it may be pipelining: across
         namespaces at 32 KiB pieces, counting from the request instead went around honest parents 97-309
         times a version at N = 32); and, whatever bytes came, once this piece has taken IDLE_ROUNDS^2 usual
-        latencies: a relay that trickles held its whole subtree back (docs/tree-simulation.md)."""
+        latencies (before any latency is known, the stall timeout): a relay that trickles held its whole
+        subtree back (docs/tree-simulation.md). And one byte is not progress: a source whose bytes come far
+        slower than our pieces usually do (`pace`) is gone around too (issue 29: slow-loris)."""
         deadline = self.deadline()
         if not tr.answered:
             return max(0.0, max(tr.started, self.last_heard.get(tr.src, 0.0)) + deadline - now)
-        cap = math.inf if self.latency_s is None else tr.started + max(deadline, IDLE_ROUNDS ** 2 * self.latency_s)
+        usual = self.cfg.stall_timeout if self.latency_s is None else IDLE_ROUNDS ** 2 * self.latency_s
+        cap = tr.started + max(deadline, usual)
         if now >= cap:
+            return 0.0
+        pace = self.pace(tr, now) if tr.got else math.inf
+        if pace == 0:
+            tr.slow = True
             return 0.0
         since, count = max((tr.started, tr.pieces_at_start), self.last_bytes.get(tr.src, (0.0, 0)))
         if (left := since + deadline - now) > 0:  # never sooner than had it not answered
-            return min(left, cap - now)
+            return min(left, cap - now, pace)
         if self.pieces_in - count >= IDLE_ROUNDS * self.trees:
             return 0.0
         limit = self.cfg.stall_timeout if self.latency_s is None else IDLE_ROUNDS * self.latency_s
         left = min(since + limit, cap) - now
-        return 0.0 if left <= 0 else min(left, POLL_S)
+        return 0.0 if left <= 0 else min(left, POLL_S, pace)
+
+    def pace(self, tr: Try, now: float) -> float:
+        """0 when a streaming try's bytes come far too slowly: below MIN_RATE, or SLOW_FACTOR times below
+        the rate at which our pieces usually arrive (their size over our usual piece latency, which counts
+        holds and turns, so an honest parent sends faster than that), and it would not be done within
+        the answer deadline at that rate; else when to judge again. Judged once its bytes have come for
+        the answer deadline."""
+        deadline = self.deadline()
+        if (left := tr.first_at + deadline - now) > 0:  # as `silent` counts: a look at now + left judges
+            return left
+        rate = tr.got / max(now - tr.first_at, 1e-9)
+        if tr.size and tr.size - tr.got <= rate * deadline:
+            return deadline  # nearly there
+        expect = MIN_RATE
+        if tr.size and self.latency_s:
+            expect = max(expect, tr.size / self.latency_s / SLOW_FACTOR)
+        return 0.0 if rate < expect else deadline
 
     def still_silent(self, tr: Try, now: float) -> bool:
         """Silent now, or gone around as silent and not heard from since. The verdict at the bypass stands:
         the yardsticks move while the race goes on (the winner's own answer time raises the deadline on a
         loaded machine), and a source silent then and since is silent."""
         if tr.gone_around_at:
+            if tr.slow:  # gone around for its pace: however fast it went since, it was that slow
+                return True
             # Answered by then: silent means no bytes; unanswered: not even an answer.
             answered_by_then = tr.answered and tr.answered_at <= tr.gone_around_at
             last = self.last_bytes.get(tr.src, (0.0, 0))[0] if answered_by_then else self.last_heard.get(tr.src, 0.0)

@@ -3,9 +3,14 @@ report the origin could not confirm costs its maker (sans-I/O: the time comes fr
 
 Identities are free, so a fresh key is trusted with nothing. A key has standing when the trainer calls it
 established (`trusted`), or when it has shown it uploads (`proven`: the origin fetched a piece back from
-it intact, or children with standing confirm receiving `prove_bytes` from it, capped by its own claim),
-and it has not made many reports the origin could not confirm (`penalty`, forgiven one per minute).
-A demoted relay loses its proof. The tracker reacts to changes (a new layout); it decides none of this.
+it intact, or receivers confirm receiving `prove_bytes` from it), and it has not made many reports the
+origin could not confirm (`penalty`, forgiven one per minute). A demoted relay loses its proof.
+
+Standing is *earned* (`earned`) only through receivers who have earned it themselves or whom the trainer
+trusts: what they confirm receiving from a relay they were placed under. Only earned (or trusted) keys
+vouch for others, as receivers and as independent reporters (verdicts.py): a key that showed the origin
+one piece ranks above fresh keys but lifts no one, so a ring of new keys cannot lift itself (issue 29).
+The tracker reacts to changes (a new layout); it decides none of this.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class Standing:
         self.clock, self.penalty_limit, self.prove_bytes = clock, penalty_limit, prove_bytes
         self.trusted: set[str] = set()  # keys the trainer calls established
         self.proven: set[str] = set()  # keys that have shown they upload
+        self.earned: set[str] = set()  # of those, keys that receivers who vouch confirmed (a subset of proven)
         self.penalty: dict[str, tuple[float, float]] = {}  # key -> (unconfirmed-report points, at)
 
     def ranked(self, key: str) -> bool:
@@ -56,6 +62,11 @@ class Standing:
         """Its reports count, and what it says it received is evidence: ranked, and not many reports the
         origin could not confirm."""
         return self.ranked(key) and self.points(key) <= self.penalty_limit - 1
+
+    def vouches(self, key: str) -> bool:
+        """What it says of others counts as a receiver's confirmation and as an independent report: trusted,
+        or earned from receivers who vouch themselves (never from the origin's one piece alone)."""
+        return (key in self.trusted or key in self.earned) and self.has(key)
 
     def reports_ignored(self, key: str) -> bool:
         return self.points(key) > self.penalty_limit - 1
@@ -72,6 +83,12 @@ class Standing:
         while len(self.penalty) > MAX_KEYS:
             del self.penalty[next(iter(self.penalty))]
 
+    def refund(self, key: str) -> None:
+        """A report that cost its maker was confirmed later (by an independent reporter): given back."""
+        if key in self.penalty:
+            pts, at = self.penalty[key]
+            self.penalty[key] = (max(0.0, pts - 1.0), at)
+
     def trust(self, key: str, trusted: bool) -> bool:
         """The trainer calls `key` established (or no longer); True if that changed anything."""
         if (key in self.trusted) == trusted:
@@ -79,20 +96,22 @@ class Standing:
         (self.trusted.add if trusted else self.trusted.discard)(key)
         return True
 
-    def prove(self, key: str) -> bool:
-        """`key` has shown it uploads; True if it had not before."""
-        if key in self.proven:
-            return False
+    def prove(self, key: str, earned: bool = False) -> bool:
+        """`key` has shown it uploads (`earned`: to receivers who vouch); True if it ranks higher now."""
+        was = (key in self.proven, key in self.earned)
         self.proven.add(key)
-        return True
+        if earned:
+            self.earned.add(key)
+        return was != (key in self.proven, key in self.earned)
 
     def revoke(self, key: str) -> None:
         """Demoted: its proof no longer stands (it earns it again by uploading)."""
         self.proven.discard(key)
+        self.earned.discard(key)
 
     def confirm(self, source: Uploads, child_key: str, received: int) -> bool:
-        """A child with standing says it received `received` bytes from `source` in all; True once what both
-        sides say reaches prove_bytes (the source's claim caps what children confirm)."""
+        """A receiver who vouches (`vouches`) says it received `received` bytes from `source` in all; True
+        once what both sides say reaches prove_bytes (the source's claim caps what receivers confirm)."""
         source.confirmed[child_key] = received
         if len(source.confirmed) > 256:
             del source.confirmed[next(iter(source.confirmed))]

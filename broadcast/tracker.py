@@ -20,11 +20,13 @@ import secrets
 
 from .bans import Bans, TrackerError
 from .forest import Children, Forest, Parents
-from .messages import Join, Joined, PeerHeartbeat, PeerView, TreeSources, TreeView
+from .messages import ORIGIN, Join, Joined, PeerHeartbeat, PeerView, TreeSources, TreeView
 from .peer_rec import PeerRec
 from .standing import Clock, ManualClock, Standing
 
 __all__ = ["PeerRec", "Tracker", "TrackerError"]
+GIVEN_S = 120.0  # a source given to a member counts as one it may have received from for this long
+MAX_GIVEN = 256  # sources remembered per member
 
 
 class Tracker:
@@ -83,10 +85,22 @@ class Tracker:
         elif any(p.key == key for p in self.peers.values()):
             self.forest.layout = None  # it may sit above peers with standing: not even for the rest of a version
 
-    def prove(self, rec: PeerRec, how: str) -> None:
-        if self.standing.prove(rec.key):
-            self.forest.relayout()
+    def prove(self, rec: PeerRec, how: str, earned: bool = False) -> None:
+        """It has shown it uploads (`earned`: to receivers who vouch, standing.py)."""
+        ranked = self.standing.ranked(rec.key)
+        if self.standing.prove(rec.key, earned):
+            if not ranked:
+                self.forest.relayout()
             self.event(f"{rec.peer_id} {rec.name} has shown it uploads ({how})")
+
+    def vouches(self, rec: PeerRec) -> bool:
+        """What it says of others counts (standing.Standing.vouches)."""
+        return self.standing.vouches(rec.key)
+
+    def was_given(self, rec: PeerRec, url: str | None) -> bool:
+        """Was `url` among the sources this member was given lately? Nobody else can have sent it pieces."""
+        at = rec.given.get(url or "")
+        return at is not None and self.clock.monotonic() - at <= GIVEN_S
 
     def _ranked(self, rec: PeerRec) -> bool:
         return self.standing.ranked(rec.key)
@@ -169,19 +183,33 @@ class Tracker:
 
     def heartbeat(self, msg: PeerHeartbeat, latest: int | None) -> TreeSources:
         rec = self.auth(msg.peer_id, msg.token)
-        rec.last_hb = self.clock.monotonic()
+        now = rec.last_hb = self.clock.monotonic()
         rec.complete = sorted(msg.complete)[-64:]
         rec.progress = dict(list(msg.progress.items())[:64])
         rec.served_bytes = max(0, msg.served_bytes)
-        if self.has_standing(rec):
+        # What it says it received counts only about sources it was given (a peer receives from nobody
+        # else: attacker keys vouching for each other's uploads took the top of the tree, issue 29), except
+        # from keys the trainer trusts.
+        trusted = rec.key in self.standing.trusted
+        if self.vouches(rec):
             # What it received from each parent: evidence that parent uploads, if the parent says so too.
             for url, n in list(msg.received.items())[:64]:
                 src = self.by_url(url)
-                if src is not None and src is not rec and n > 0 and self.standing.confirm(src, rec.key, n):
-                    self.prove(src, f"{src.uploaded} bytes confirmed by its children")
+                if (src is not None and src is not rec and n > 0 and (trusted or self.was_given(rec, url))
+                        and self.standing.confirm(src, rec.key, n)):
+                    self.prove(src, f"{src.uploaded} bytes confirmed by its children", earned=True)
         # Placement by measured uplinks: a fresh key's numbers could be made up, so only standing counts.
-        self.forest.note_uploads(rec, msg.recent if self.has_standing(rec) else {}, latest)
-        return TreeSources(latest, self.sources(rec.peer_id), rec.reachable)
+        recent = {} if not self.has_standing(rec) else msg.recent if trusted else {
+            u: r for u, r in msg.recent.items() if u == ORIGIN or self.was_given(rec, u)}
+        self.forest.note_uploads(rec, recent, latest)
+        sources = self.sources(rec.peer_id)
+        for chain in sources:
+            for url in chain:
+                rec.given.pop(url, None)
+                rec.given[url] = now  # re-inserted last: the bound forgets the oldest
+        while len(rec.given) > MAX_GIVEN:
+            del rec.given[next(iter(rec.given))]
+        return TreeSources(latest, sources, rec.reachable)
 
     def remove(self, peer_id: str, why: str) -> None:
         rec = self.peers.pop(peer_id, None)

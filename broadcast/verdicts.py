@@ -3,8 +3,9 @@
 Reporters are untrusted like everyone else. A corrupt report is settled by fetching the whole piece from the
 accused and hashing it; a dead or stall report by connecting back to the accused (it must sign our nonce)
 and asking it for a piece it says it holds. What the origin confirms acts; what it cannot confirm costs the
-reporter standing, never the accused its place. Reports of peers with standing (two distinct keys) may
-demote a relay the origin's probes cannot catch; reports of fresh keys never move anyone.
+reporter standing (whatever standing it has), never the accused its place. Two independent reporters who
+vouch (standing.py) and were placed under the accused may demote a relay the origin's probes cannot catch
+(their reports' cost is then given back); reports of anyone else never move anyone.
 
 Sans-I/O: each verdict is a generator that yields what it needs done (a `Probe` of a peer, a `Pause`, the
 `BanHook` that tells the trainer) and is sent back the result; it acts on the tracker itself. The origin
@@ -25,6 +26,7 @@ from .tracker import PeerRec, Tracker
 PROBE_CACHE_S = 2.0  # one probe of a peer answers every report about it for this long
 PROVE_RETRY_S = 10.0  # a relay whose proof failed is asked again no sooner
 RETRY_S = 1.0  # a probe that fails is tried once more this much later before it counts
+REPORTS_AGREE_S = 60.0  # independent stall reports about one relay agree when this close in time
 
 
 @dataclass
@@ -107,16 +109,25 @@ def judge_report(t: Tracker, reporter: PeerRec, accused: PeerRec, msg: Report,
             t.demote(accused.peer_id, f"left the origin's piece request unanswered ({who} reported)")
             t.count("confirmed_stall")
             return "demoted"
-    if t.has_standing(reporter):
-        accused.reporters.add(reporter.key)
-        accused.strikes += 1
-        if msg.reason == "stall" and len(accused.reporters) >= 2:
-            t.demote(accused.peer_id, f"stalls reported by {len(accused.reporters)} peers with standing")
-            return "demoted"
-        t.event(f"{msg.reason} report on {accused.peer_id} by {who} (standing): noted")
-        return "noted"
+    # The origin reaches it and it answers: the origin's own measurement does not confirm the report. Only
+    # independent reporters who vouch (standing.py: earned from receivers who vouch, or trusted), each
+    # placed under the accused, can; until they do, the report costs its maker, whatever its standing (keys
+    # that bought standing with one piece demoted all six honest relays this way, issue 29).
+    independent = msg.reason == "stall" and t.vouches(reporter) and t.was_given(reporter, accused.url)
     t.penalize(reporter.key, f"{msg.reason} report on {accused.peer_id}: it answers the origin's probes")
-    return "not confirmed"
+    if not independent:
+        return "not confirmed"
+    now = t.clock.monotonic()
+    accused.strikes += 1
+    accused.reporters = {k: at for k, at in accused.reporters.items() if now - at <= REPORTS_AGREE_S}
+    accused.reporters[reporter.key] = now
+    if len(accused.reporters) < 2:
+        return "not confirmed yet"
+    for key in accused.reporters:
+        t.standing.refund(key)  # confirmed: what the reports cost is given back
+    t.demote(accused.peer_id, f"stalls reported by {len(accused.reporters)} independent peers placed under it")
+    accused.reporters.clear()
+    return "demoted"
 
 
 def prove_target(t: Tracker, rec: PeerRec, pieces: dict[int, int], tried: dict[str, float],

@@ -40,7 +40,7 @@ class Fetching:
             p.next_piece(tree)
             return
         now = self.sw.sim.now
-        race = PieceRace(p.book, p.book.chain(p.relays(tree), now), now)
+        race = PieceRace(p.book, p.book.chain(p.relays(tree), now), now, self.sw.piece_size(p.version, index))
         rs = RaceState(race, tree, index, failures, p.version)
         self._ask(p, rs, race.start(now))
         self._look(p, rs)
@@ -55,8 +55,13 @@ class Fetching:
         if gen is not None and gen != rs.look_gen or rs.race.result or not self._current(p, rs):
             return
         now = self.sw.sim.now
-        for r in p.sending:  # streams in progress: those sources sent us bytes just now
-            p.book.heard(r.tr.src, now, body=True)
+        for r in p.sending:  # streams in progress: what they brought so far (less what is still on its way)
+            x, lat = r.xfer, self._lat(r)
+            if x is not None and now > r.sent_from + lat:
+                got = min(x.done + x.rate * (now - lat - x.t), x.size) if now - lat > x.t else x.done
+                p.book.streaming(r.tr, int(got), r.sent_from + lat, now)
+            else:
+                p.book.heard(r.tr.src, now, body=True)
         new, at = rs.race.look(now)
         for tr in new:
             self._ask(p, rs, tr)
@@ -75,7 +80,7 @@ class Fetching:
         p, now = req.peer, self.sw.sim.now
         if req.tr not in req.rs.reqs or not self._current(p, req.rs):
             return
-        p.book.body(req.tr, size, now)
+        p.book.body(req.tr, size - req.tr.got, now)
         sent_from = req.sent_from + self._lat(req)
         p.book.meter.span(req.tr.src, sent_from, now)
         p.book.piece_in(req.tr, size, now, sent_from)

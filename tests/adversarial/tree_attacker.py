@@ -1,7 +1,8 @@
 """The relay tree's attackers: many fresh identities, speaking only the documented HTTP protocol.
 
 Run as a process of its own (`python tests/adversarial/tree_attacker.py MODE TRACKER [ARGS]`): it imports
-nothing of ours, only aiohttp, cryptography and json, and follows broadcast/identity.py's docstring (signed
+nothing of ours but its own siblings (attacker_wire.py, two_faced.py), only aiohttp, cryptography and json,
+and follows broadcast/identity.py's docstring (signed
 joins, the connect-back's signed nonce) and the tracker's JSON messages. It prints READY once the attack is
 under way, keeps it up until a line arrives on stdin, then prints one JSON line with what it saw.
   stall N          N relays that pass the connect-back and /health, then hold every piece request forever
@@ -9,62 +10,30 @@ under way, keeps it up until a line arrives on stdin, then prints one JSON line 
   reports N V URL...  N members reporting each URL corrupt, stalled and dead (version V), over and over
   hijack URL...    fresh keys joining with these (honest relays') addresses
   flood N          N signed joins with fresh keys, 64 at a time
+  leech N          N loops fetching every piece of the newest version from the origin, without joining
+  loris N [smart]  N two-faced relays (below): everyone but the origin's check is sent a piece at 8 KiB/s
+  liars N [smart] URL...  N two-faced relays that send their children nothing and report each URL stalling
+  friends N [smart]  N two-faced relays that say they received each other's pieces at 12.5 GB/s
+A two-faced relay passes the connect-back, says it holds the newest version, serves the origin's checks
+(a piece request with no X-Peer: the origin's, on the code before issue 29) the real piece, fetched from
+the origin as a member, and answers the uplink probe at once with filler. With `smart` after N, it also
+serves every request in full while /tree shows it has no children: only the origin asks a leaf for pieces,
+so whatever headers it sends, a leaf can tell its checks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import sys
 import time
 
 import aiohttp
 from aiohttp import web
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from attacker_wire import HB, Identity, join, post, stdin_line
+from two_faced import friends, leech, liars, loris
 
-JOIN_DOMAIN = b"rollout-swarm/join/v1\n"
-REACH_DOMAIN = b"rollout-swarm/reach/v1\n"
-HB = 0.3
 RATE = 10.0  # reports per second, all keys together: more than twice what the tracker takes from fresh keys
-
-
-class Identity:
-    """A fresh ed25519 key: free, as the issue says."""
-
-    def __init__(self) -> None:
-        self.sk = Ed25519PrivateKey.generate()
-        self.pub = self.sk.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
-        self.peer_id = self.token = ""
-
-    def join_body(self, url: str | None, relay: bool, name: str, port: int | None = None) -> bytes:
-        msg = {"url": url, "relay": relay, "name": name, "key": self.pub, "port": port,
-               "time_ms": int(time.time() * 1000), "nonce": secrets.token_hex(16), "signature": ""}
-        payload = JOIN_DOMAIN + json.dumps(msg, separators=(",", ":")).encode()
-        msg["signature"] = self.sk.sign(payload).hex()
-        return json.dumps(msg, separators=(",", ":")).encode()
-
-    def reach(self, nonce: str) -> dict:
-        return {"key": self.pub, "signature": self.sk.sign(REACH_DOMAIN + nonce.encode()).hex()}
-
-
-async def post(s: aiohttp.ClientSession, url: str, body: bytes | dict) -> tuple[int, dict | str]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    async with s.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
-        text = await r.text()
-        try:
-            return r.status, json.loads(text)
-        except ValueError:
-            return r.status, text
-
-
-async def join(s: aiohttp.ClientSession, tracker: str, ident: Identity, url: str | None = None,
-               relay: bool = False, port: int | None = None, name: str = "evil") -> int:
-    status, body = await post(s, f"{tracker}/join", ident.join_body(url, relay, name, port))
-    if status == 200 and isinstance(body, dict):
-        ident.peer_id, ident.token = body["peer_id"], body["token"]
-    return status
 
 
 class Staller:
@@ -120,10 +89,6 @@ async def keep_alive(s: aiohttp.ClientSession, tracker: str, idents: list[Identi
         except TimeoutError:
             pass
 
-
-
-async def stdin_line() -> None:
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
 
 
 async def stall(s, tracker: str, n: str) -> dict:
@@ -223,7 +188,8 @@ async def flood(s, tracker: str, n: str) -> dict:
 
 async def main(mode: str, tracker: str, *args: str) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-        out = await {"stall": stall, "reports": reports, "hijack": hijack, "flood": flood}[mode](s, tracker, *args)
+        out = await {"stall": stall, "reports": reports, "hijack": hijack, "flood": flood, "leech": leech, "loris": loris,
+                     "liars": liars, "friends": friends}[mode](s, tracker, *args)
     print(json.dumps(out), flush=True)
 
 

@@ -242,3 +242,76 @@ async def run_all(tmp: Path) -> list[dict]:
             r["refused"] = dict(lab.origin.tracker.refused)
         lab.events = list(lab.origin.tracker.events)
         return rows
+
+
+# -- issue 29's attacks: keys that pass the origin's checks and harm everyone else ------------------------
+ATTACKERS = 3  # a third of the lab's peers
+
+
+async def _median_within(lab: TreeLab, versions: int, timeout: float) -> float | None:
+    """The median delivery time of `versions` versions; None once one has not reached every honest relay
+    within `timeout` (the rest are not tried: a stopped broadcast)."""
+    times = []
+    for _ in range(versions):
+        try:
+            times.append(await lab.deliver(timeout))
+        except AssertionError:
+            return None
+    return statistics.median(times)
+
+
+async def _issue29(tmp: Path, name: str, attempted: str, mode: str, *args: str, versions: int = 3,
+                   timeout: float = 60) -> dict:
+    """A fresh lab: versions unattacked, then attacked (the attacker's relays heartbeat, are checked and
+    placed first). Attacker relays contained: none is a source of an honest relay by the end."""
+    async with TreeLab(tmp) as lab:
+        tr = lab.origin.tracker
+        base = statistics.median([await lab.deliver() for _ in range(versions)])
+        urls = [p.url for p in lab.honest().values()] if mode == "liars" else []
+        proc = await start_attacker(lab, mode, str(ATTACKERS), *args, *urls)  # args: 'smart' or none
+        try:
+            await asyncio.sleep(2.0)
+            t = await _median_within(lab, versions, timeout)
+            await asyncio.sleep(3 * HB)
+            bad = [p for p in tr.peers.values() if p.name == "twofaced"]
+            sources = {u for p in lab.honest().values() for chain in tr.sources(p.peer_id) for u in chain}
+            extra = {"attackers_with_standing": sum(tr.has_standing(p) for p in bad),
+                     "honest_penalized": sum(tr.points(p.key) > 0 for p in lab.honest().values()),
+                     "refused": dict(tr.refused)}
+            harm, under = lab.harm(), lab.under_fresh()
+        finally:
+            out = await stop_attacker(proc)
+        if mode == "leech":
+            attempts = sum(c for k, c in out["codes"].items() if k.isdigit())
+            detected = out["codes"].get("403", 0)
+        else:
+            attempts, detected = ATTACKERS, sum(p.url not in sources for p in bad) + ATTACKERS - len(bad)
+        return row(name, attempted, attempts, detected, lab, base, t, **extra, **out) | harm | {
+            "honest_under_attacker": under}
+
+
+async def issue29_rows(tmp: Path) -> list[dict]:
+    """Issue 29's attacks, each in a lab of its own: 3 attacker keys beside 6 honest relays."""
+    return [
+        await _issue29(tmp / "liars", "bought_standing_reports", "keys serve the origin's check, then report the "
+                       "honest relays stalling", "liars"),
+        await _issue29(tmp / "loris", "slow_loris", "keys serve the origin's check, everyone else 8 KiB/s",
+                       "loris"),
+        await _issue29(tmp / "friends", "credit_from_friends", "keys serve the origin's check and confirm each "
+                       "other's uploads at 12.5 GB/s", "friends"),
+        await _issue29(tmp / "leech", "leeching", "loops fetch every piece from the origin without joining",
+                       "leech"),
+    ]
+
+
+async def issue29_smart_rows(tmp: Path) -> list[dict]:
+    """The same two-faced keys, smarter: while they have no children they serve every request in full (only
+    the origin asks a leaf for pieces), so they do earn the origin's one-piece proof whatever its headers."""
+    return [
+        await _issue29(tmp / "liars-smart", "smart_bought_standing_reports", "as a leaf serve every request, "
+                       "then report the honest relays stalling", "liars", "smart"),
+        await _issue29(tmp / "loris-smart", "smart_slow_loris", "as a leaf serve every request, with children "
+                       "send everyone 8 KiB/s", "loris", "smart"),
+        await _issue29(tmp / "friends-smart", "smart_credit_from_friends", "as a leaf serve every request, and "
+                       "confirm each other's uploads at 12.5 GB/s", "friends", "smart"),
+    ]

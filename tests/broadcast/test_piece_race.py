@@ -35,29 +35,47 @@ def test_an_unanswered_parent_is_gone_around_at_the_deadline_and_reported_if_it_
     assert b.avoid[P] == 1.3 + SILENT_AVOID_S
 
 
-def test_a_parent_that_answered_is_waited_for_while_it_sends_and_a_trickle_only_so_long():
-    """It holds the piece (it may be on its way there): waited for while it streams us anything (pipelining)
-    and, while it sends nothing, until 4 usual piece latencies passed or a round of pieces per tree came
-    from elsewhere. Trickling bytes keep it only until the piece has taken 16 usual latencies: a slow relay
-    so held its whole subtree back (the "subtree waited 166 s" report)."""
+def test_a_parent_that_answered_is_waited_for_while_it_sends_at_a_pace_and_a_trickle_only_so_long():
+    """It holds the piece (it may be on its way there): waited for while it streams us the piece at a pace
+    near our usual one (pipelining) and, while it sends nothing, until 4 usual piece latencies passed or a
+    round of pieces per tree came from elsewhere. Bytes that come far slower than our pieces usually do are
+    no progress: gone around once they have come for the answer deadline (issue 29's slow-loris). And
+    whatever its pace, no piece waits past 16 usual latencies: a slow relay so held its whole subtree back
+    (the "subtree waited 166 s" report)."""
+    size = 1 << 20
     b = book()
-    b.latency_s = 2.0
-    race = PieceRace(b, b.chain([P], 0.0), 0.0)
+    b.latency_s = 2.0  # our pieces usually take 2 s: 512 KiB/s
+    race = PieceRace(b, b.chain([P], 0.0), 0.0, size)
     tr = race.start(0.0)
     b.answered(tr, 0.05)
     b.pieces_in += IDLE_ROUNDS * b.trees - 1  # pieces come from elsewhere while this one does not
     assert race.look(5.0)[0] == []
-    for t in range(6, 32, 2):  # it trickles, of this piece and others
-        b.pieces_in += IDLE_ROUNDS * b.trees
-        b.body(tr, 100, t)
-        assert race.look(t + 1.0)[0] == [], t
-    new, _ = race.look(32.0)  # 16 usual latencies
-    assert [t.src for t in new] == [ORIGIN]
-    race2 = PieceRace(b, b.chain([P], 40.0), 40.0)
-    tr2 = race2.start(40.0)
-    b.answered(tr2, 40.05)
+    for k in range(16):  # it sends at half our usual pace: an honest, busier parent
+        b.body(tr, 64 << 10, 5.0 + k / 4)
+        assert race.look(5.0 + k / 4 + 0.1)[0] == [], k
+    assert tr.got == size and not tr.slow
+    race1 = PieceRace(b, b.chain([P], 10.0), 10.0)  # a piece of a size we do not know, at 20 KiB/s
+    tr1 = race1.start(10.0)
+    b.answered(tr1, 10.05)
+    for t in range(11, 41):
+        b.body(tr1, 20 << 10, t)
+        assert race1.look(t + 0.5)[0] == [] or t + 0.5 >= 10.0 + 32, t
+    new, _ = race1.look(42.0)  # 16 usual latencies
+    assert [t.src for t in new] == [ORIGIN] and not tr1.slow
+    race2 = PieceRace(b, b.chain([P], 45.0), 45.0, size)
+    tr2 = race2.start(45.0)
+    b.answered(tr2, 45.05)
     b.pieces_in += IDLE_ROUNDS * b.trees  # a round of pieces per tree came from elsewhere, nothing from it
-    assert [t.src for t in race2.look(41.0)[0]] == [ORIGIN]
+    assert [t.src for t in race2.look(46.0)[0]] == [ORIGIN]
+    race3 = PieceRace(b, b.chain([P], 50.0), 50.0, size)
+    tr3 = race3.start(50.0)
+    b.answered(tr3, 50.05)
+    t, gone = 50.1, []
+    while not gone:  # one 16 KiB slice every 0.5 s: 32 KiB/s, a sixteenth of our pace
+        b.body(tr3, 16 << 10, t)
+        gone, _ = race3.look(t + 0.01)
+        t += 0.5
+    assert t - 50.0 <= 1.0 + b.deadline() and tr3.slow and gone[0].src == ORIGIN
 
 
 def test_a_dead_parent_is_reported_and_its_piece_waits_for_the_trackers_new_parents():
@@ -98,3 +116,20 @@ def test_corrupt_sources_are_avoided_for_good_and_the_origin_never():
     assert race.concluded(o, "timeout", 31.0) is None and ORIGIN not in b.avoid  # the root of every tree
     race.ended(o, 31.0)
     assert race.result == "failed" and retry_plan("failed", 20, b).give_up
+
+
+def test_a_parent_silent_race_after_race_is_avoided_longer_each_time_until_it_delivers():
+    """Answered, then nothing, while another source delivered: avoided 5 s, then 10, 20, up to AVOID_S (a
+    relay that answers everyone and sends no one anything cost each version ~4 s in the attack lab when it
+    was asked again every 5 s); one piece from it and it starts again at 5 s."""
+    b = book()
+    waits = []
+    for k in range(5):
+        now = 100.0 * k
+        b.silent_through(P, now)
+        waits.append(b.avoid[P] - now)
+    assert waits == [SILENT_AVOID_S, 2 * SILENT_AVOID_S, 4 * SILENT_AVOID_S, AVOID_S, AVOID_S]
+    tr = PieceRace(b, [P, ORIGIN], 600.0).start(600.0)
+    b.piece_in(tr, 1, 600.5, 600.1)
+    b.silent_through(P, 700.0)
+    assert b.avoid[P] == 700.0 + SILENT_AVOID_S

@@ -13,7 +13,9 @@ from bc_helpers import make_version
 
 import broadcast.serving as serving
 from broadcast.config import OriginConfig
+from broadcast.messages import Join
 from broadcast.origin import Origin
+from broadcast.piece_pass import headers, piece_name
 from broadcast.turns import turn_key
 from swarm_common.keys import KeyPair
 
@@ -28,10 +30,13 @@ async def fetch_all(tmp_path, requests: list[tuple[str, int]]) -> list[float]:
     await o.start()
     try:
         await o.publish(make_version(tmp_path / "origin" / "v1", 1, 1 << 20), 1, None)
+        assert o.tracker
+        members = {c: o.tracker.join(Join(None, False, c), key=c * 64) for c, _ in requests}  # members only
         async with aiohttp.ClientSession() as s:
 
             async def one(child: str, i: int) -> float:
-                async with s.get(f"{o.url}/v/1/piece/{i}", headers={"X-Peer": child}) as r:
+                j = members[child]
+                async with s.get(f"{o.url}/v/1/piece/{i}", headers=headers(j.peer_id, j.token, piece_name(1, i))) as r:
                     assert r.status == 200
                     assert len(await r.read()) == PIECE
                 return time.monotonic() - t0

@@ -1,0 +1,107 @@
+"""Issue 29's attacks on the relay tree, simulated with the tree's real decision code (bench/simlib drives
+broadcast/'s tracker, verdicts and piece races on simulated time; docs/tree-simulation.md).
+
+N peers with equal uplinks B, a new swarm (no probes: the join-order layout), `--versions` versions of S in
+a row. The honest peers are the simulator's usual ones (keys the trainer trusts); the first K peers to join
+(a third by default) are attackers with fresh keys that pass the origin's checks (the simulated check reads
+whether the relay holds the piece, not how it serves others: the attackers can tell the origin apart, as a
+leaf always can) and then:
+  liars    send their children nothing (uplink ~0) and report every honest relay stalling, each second
+  friends  send their children nothing, and say in every heartbeat they received each other's pieces at
+           12.5 GB/s (what placement reads)
+  loris    send everyone 32 KiB/s (their uplink), as bench/slow_relay.py --slow
+Prints, per attack and for the same swarm unattacked (all K honest), when each version reached the last
+honest peer, the ratio, and the honest relays ever demoted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.simlib.engine import Host, Sim  # noqa: E402
+from bench.simlib.swarm import Swarm  # noqa: E402
+from broadcast.config import OriginConfig, PeerConfig  # noqa: E402
+from broadcast.messages import PeerHeartbeat, Received, Report  # noqa: E402
+
+MiB = 1 << 20
+ATTACKS = ("liars", "friends", "loris")
+
+
+def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, versions: int) -> dict:
+    sim = Sim()
+    sw = Swarm(sim, Host("origin", rate, float("inf"), 0.0005), OriginConfig(heartbeat_s=1.0),
+               PeerConfig(stall_timeout=60.0), piece, probes=False)
+    peers = [sw.new_peer(i, Host(f"p{i}", rate, float("inf"), 0.0005)) for i in range(n)]
+    for i, p in enumerate(peers):
+        sim.at(0.01 * i, sw.arrive, p)  # join order: the attackers first, at the top of the trees
+    bad = peers[:k] if attack else []
+    honest = [p for p in peers if p not in bad]
+    t = sw.origin.tracker
+    ever_demoted: set[str] = set()
+
+    def untrust() -> None:  # the simulator trusts its peers (established nodes); attackers are fresh keys
+        for a in bad:
+            t.set_trusted(t.peers[a.pid].key, False)
+
+    def tick() -> None:
+        ever_demoted.update(p.pid for p in honest if p.pid in t.peers and t.peers[p.pid].demoted)
+        for a in bad:
+            if not a.pid or a.pid not in t.peers:
+                continue
+            if attack == "liars":
+                for h in honest:
+                    msg = Report(a.pid, a.token, h.url, "stall", max(sw.latest, 1), 0, "no bytes")
+                    sw.origin.report(a.pid, msg, lambda _: None)
+            elif attack == "friends":
+                others = [b.url for b in bad if b is not a]
+                sw.origin.heartbeat(PeerHeartbeat(a.pid, a.token, list(a.complete), received={u: 1 << 34 for u in others},
+                                                  recent={u: Received(25_000 * MiB, 2.0) for u in others}), sw.latest)
+        sim.after(1.0, tick)
+
+    up = 32 << 10 if attack == "loris" else 1.0
+    for a in bad:
+        sim.at(2.0, setattr, a.host, "up", up)
+    sim.at(0.9, untrust)
+    sim.at(1.0, tick)
+    sw.on_all_done = lambda: setattr(sim, "stopped", True)
+    t0, took = 2.0, []
+    for v in range(1, versions + 1):
+        sim.stopped = False
+        sim.at(t0, sw.publish, v, size)
+        sim.run(until=t0 + 3600.0)
+        took.append(max(p.done_at.get(v, float("inf")) for p in honest) - t0)
+        t0 = sim.now + 1.0
+    return {"took": took, "demoted": len(ever_demoted), "reports": dict(sw.reports)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=32)
+    ap.add_argument("--attackers", type=int, default=0, help="K (default: N / 3)")
+    ap.add_argument("--size-mib", type=float, default=16.0)
+    ap.add_argument("--piece-kib", type=int, default=256)
+    ap.add_argument("--rate-mbit", type=float, default=20.0)
+    ap.add_argument("--versions", type=int, default=3)
+    ap.add_argument("--attack", nargs="+", default=list(ATTACKS), choices=ATTACKS)
+    args = ap.parse_args()
+    k = args.attackers or args.n // 3
+    size, rate = int(args.size_mib * MiB), args.rate_mbit * 1e6 / 8
+    print(f"N = {args.n}, K = {k} attackers (the first to join), S = {args.size_mib} MiB, B = {args.rate_mbit} "
+          f"Mbit/s, S/B = {size / rate:.1f} s, {args.versions} versions; seconds until the last honest peer "
+          "held each version")
+    base = run(args.n, k, size, piece := args.piece_kib << 10, rate, None, args.versions)
+    print(f"{'attack':<10} {'per version (s)':<28} {'x unattacked':<24} honest demoted")
+    print(f"{'none':<10} {str([round(x, 1) for x in base['took']]):<28} {'':<24} {base['demoted']}")
+    for attack in args.attack:
+        r = run(args.n, k, size, piece, rate, attack, args.versions)
+        ratio = [round(a / b, 2) for a, b in zip(r["took"], base["took"], strict=True)]
+        print(f"{attack:<10} {str([round(x, 1) for x in r['took']]):<28} {str(ratio):<24} {r['demoted']}  "
+              f"reports {r['reports']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
