@@ -19,6 +19,7 @@ from .identity import check_reach
 from .messages import ReachAnswer, Report, decode
 from .verdicts import (
     PROBE_CACHE_S,
+    REFUSED,
     BanHook,
     Flow,
     Pause,
@@ -59,6 +60,8 @@ class Prober:
                     body = await read_capped(r.content, 4096)
                     status = r.status
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                if isinstance(getattr(e, "os_error", e), ConnectionRefusedError):  # nothing listens there
+                    return "unreachable", None, f"connect-back to {url} failed: {REFUSED}"
                 return "unreachable", None, f"connect-back to {url} failed: {type(e).__name__} {e}".strip()
         if status != 200:
             return "not_relay", None, f"{url} answered HTTP {status}, not a relay's /reach"
