@@ -56,7 +56,8 @@ def run_tree(links: list[Link], origin: Link, size: int, churn: list[tuple], arg
     o = Host("origin", origin.up, origin.down, origin.lat)
     rng = random.Random(seed + 7)
     origin_cfg = OriginConfig(fanout=args.fanout, trees=args.trees)
-    sw = Swarm(sim, o, origin_cfg, PeerConfig(window=args.window), args.piece, report_uploads=measured,
+    make = getattr(args, "swarm_cls", Swarm)  # bench/tree_trace.py passes one that records each piece
+    sw = make(sim, o, origin_cfg, PeerConfig(window=args.window), args.piece, report_uploads=measured,
                probes=not args.no_probes)
     peers = [sw.new_peer(i, Host(f"p{i}", lk.up, lk.down, lk.lat)) for i, lk in enumerate(links)]
     for p in peers:
@@ -169,7 +170,7 @@ def run_seed(args, seed: int, out: dict) -> None:
                   f"{r['ratio']:>8.2f}  {note}; {r['cpu_s']:.0f} s CPU", flush=True)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--dist", default="home-mix", choices=sorted(DISTRIBUTIONS))
@@ -201,7 +202,11 @@ def main() -> None:
                          "2026-12-05): the first version runs on the join-order layout")
     ap.add_argument("--origin-mbit", type=float, default=1000.0)
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
 
     out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
            "distribution": DISTRIBUTIONS[args.dist], "rows": []}

@@ -20,6 +20,7 @@ from .messages import ReachAnswer, Report, decode
 from .piece_pass import headers, piece_name, posing_as
 from .verdicts import (
     PROBE_CACHE_S,
+    REFUSED,
     BanHook,
     Flow,
     Pause,
@@ -62,6 +63,8 @@ class Prober:
                     body = await read_capped(r.content, 4096)
                     status = r.status
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                if isinstance(getattr(e, "os_error", e), ConnectionRefusedError):  # nothing listens there
+                    return "unreachable", None, f"connect-back to {url} failed: {REFUSED}"
                 return "unreachable", None, f"connect-back to {url} failed: {type(e).__name__} {e}".strip()
         if status != 200:
             return "not_relay", None, f"{url} answered HTTP {status}, not a relay's /reach"

@@ -27,6 +27,7 @@ PROBE_CACHE_S = 2.0  # one probe of a peer answers every report about it for thi
 PROVE_RETRY_S = 10.0  # a relay whose proof failed is asked again no sooner
 RETRY_S = 1.0  # a probe that fails is tried once more this much later before it counts
 REPORTS_AGREE_S = 60.0  # independent stall reports about one relay agree when this close in time
+REFUSED = "connection refused"  # in a reach probe's verdict: nothing listens there (not a missed deadline)
 
 
 @dataclass
@@ -59,13 +60,15 @@ Flow = Generator[Probe | Pause | BanHook, str | None, str]
 
 def recheck_reach(t: Tracker, rec: PeerRec) -> Flow:
     """Connect back to the relay (it must sign our nonce); not reachable makes it a leaf. 'ok' or why not.
-    A loaded machine may miss one deadline: failing twice counts."""
+    A loaded machine may miss one deadline: failing twice counts. A refused connection counts at once: nothing
+    listens there (the relay's process is gone), and while the second probe waited the tracker kept handing
+    the dead relay out as a parent to orphans (simulated at N = 1000, 10% churn: docs/tree-simulation.md)."""
     if rec.url is None:
         return "no address"
     verdict = ""
     for attempt in range(2):
         verdict = (yield Probe("reach", rec)) or ""
-        if verdict == "ok" or attempt:
+        if verdict == "ok" or attempt or REFUSED in verdict:
             break
         yield Pause(RETRY_S)
     if rec.peer_id in t.peers:

@@ -20,6 +20,7 @@ from broadcast.tracker import PeerRec, Tracker, TrackerError
 from broadcast.turns import TurnQueue
 from broadcast.uplink_plan import PROBE_BYTES, UplinkPlan
 from broadcast.verdicts import (
+    REFUSED,
     Flow,
     Pause,
     Probe,
@@ -134,7 +135,7 @@ class SimOrigin:
         rtt = 2 * (self.host.lat + (peer.host.lat if peer else 0.0))
         alive = peer is not None and peer.host.alive
         if p.kind == "reach":
-            return rtt, "ok" if alive else "unreachable: connection refused"
+            return rtt, "ok" if alive else f"unreachable: {REFUSED}"  # a gone relay's port is closed
         if p.kind == "answers":
             return rtt, "answers" if alive else "dead"
         return rtt, ("ok" if peer is not None and peer.holds(p.version, p.index) else "unknown") if alive else "dead"
