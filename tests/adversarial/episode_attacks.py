@@ -227,16 +227,18 @@ def retokenized_observation(ctx: Ctx) -> Outcome:
     return _episode_fraud(ctx, "retokenized-observation", {"observation_mismatch"}, tamper)
 
 
-def best_of_k_episodes(ctx: Ctx, k: int = 4, timeout_s: float = 150.0) -> Outcome:
+def best_of_k_episodes(ctx: Ctx, k: int = 4, timeout_s: float = 300.0) -> Outcome:
     """Runs k*G whole episodes per prompt and returns the G best (rewards the attacker computes itself, from
-    the expression in the prompt). Every episode is honest, token for token; only the choice is not."""
+    the expression in the prompt). Every episode is honest, token for token; only the choice is not. Two
+    prompts a round: HF samples k*G episodes a prompt, and on a busy machine four prompts' worth came after
+    the lag window (refused 'late') before any pair was compared. It stops once banned."""
     out = Outcome()
     ev = _fresh(ctx, f"best-of-{k}-episodes", out)
     sampler = EpisodeSampler(ctx)
     end, groups = time.monotonic() + timeout_s, 0
     try:
         while time.monotonic() < end:
-            ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=4))
+            ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=2))
             work = ev.recv()
             if isinstance(work, P.Error) and work.code == "banned":
                 out.banned = True
