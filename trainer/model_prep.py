@@ -20,15 +20,23 @@ def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
     """Return the directory of the run's starting policy, building the default one if needed.
 
     The default is cached under RUN/base-model with a stamp of everything that shaped it, so a rerun
-    with the same settings starts at once and a changed setting rebuilds it.
+    with the same settings starts at once and a changed setting rebuilds it. A model of your own
+    (`model.path`) is used as it is, or, when `model.sft_steps` is set, warmed up on the task's format into
+    RUN/base-model the same way (a multi-turn environment's tool calls are a format the model must know).
     """
+    steps = cfg.model.sft_steps
     if cfg.model.path:
         path = Path(cfg.model.path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
-        return path
+        if not steps:
+            return path
+    else:
+        path, steps = None, 150 if steps is None else steps
     out = Path(cfg.run_dir) / "base-model"
-    recipe = msgspec.json.encode({"model": cfg.model, "task": cfg.task, "v": 3})  # v3: the chat template renders episodes
+    # v3: the chat template renders episodes. A model of your own is named by its config and weights' sizes.
+    source = "" if path is None else _fingerprint(path)
+    recipe = msgspec.json.encode({"model": cfg.model, "task": cfg.task, "v": 3, "source": source})
     stamp = hashlib.sha256(recipe).hexdigest()
     stamp_file = out / "recipe.sha256"
     if stamp_file.exists() and stamp_file.read_text().strip() == stamp:
@@ -38,15 +46,25 @@ def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
     from trainer.policy import load_model, load_tokenizer
     from trainer.sft import sft_warmup
 
-    log.info("building the default model in %s", out)
-    build_default_model(out, seed=cfg.model.seed)
-    if cfg.model.sft_steps > 0:
+    if path is None:
+        log.info("building the default model in %s", out)
+        build_default_model(out, seed=cfg.model.seed)
+    else:
+        log.info("warming %s up on the task's format (%d steps) into %s", path, steps, out)
+    if steps > 0:
         torch.manual_seed(cfg.model.seed)
-        model, tok = load_model(out), load_tokenizer(out)
+        src = out if path is None else path
+        model, tok = load_model(src), load_tokenizer(src)
         task = make_task(cfg.task.name, **cfg.task.params)
-        sft_warmup(model, tok, task, cfg.model.sft_steps, batch_size=cfg.model.sft_batch, lr=cfg.model.sft_lr,
+        sft_warmup(model, tok, task, steps, batch_size=cfg.model.sft_batch, lr=cfg.model.sft_lr,
                    seed=cfg.model.seed + 1, out_dir=out, progress=progress,
                    max_episode_tokens=cfg.task.max_episode_tokens)
         hoist_rope_theta(out)  # sft_warmup saved it anew, with rope_theta nested
     stamp_file.write_text(stamp + "\n")
     return out
+
+
+def _fingerprint(path: Path) -> str:
+    """What names a model directory's contents cheaply: its config, and its files' names and sizes."""
+    files = sorted((f.name, f.stat().st_size) for f in path.iterdir() if f.is_file())
+    return hashlib.sha256((path / "config.json").read_bytes() + repr(files).encode()).hexdigest()
