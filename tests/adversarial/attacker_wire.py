@@ -13,6 +13,7 @@ import sys
 import time
 
 import aiohttp
+from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -66,3 +67,12 @@ def pass_for(ident: Identity, v: int | str, i: int | str) -> dict:
     """A member's headers for piece v/i: its id and an HMAC of its token over the piece's name."""
     mac = hmac.new(ident.token.encode(), f"piece {v}/{i}".encode(), hashlib.sha256).hexdigest()[:32]
     return {"X-Peer": ident.peer_id, "X-Peer-Pass": mac}
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
+    """Start an attacker's app on 127.0.0.1 at a port the kernel picks: its runner and the port."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

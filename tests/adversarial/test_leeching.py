@@ -20,6 +20,7 @@ from broadcast.peer import Peer, PeerConfig
 from broadcast.piece_pass import PASS_HEADER, PEER_HEADER, TRIAL, file_name, headers, pass_for, piece_name
 from broadcast.verdicts import prove
 from swarm_common.keys import KeyPair
+from tests.loopback_http import serve_loopback
 
 pytestmark = pytest.mark.timeout(60)
 PIECE = 64 << 10
@@ -88,11 +89,8 @@ class Recorder:
     async def start(self) -> None:
         app = web.Application()
         app.add_routes([web.get("/v/{v}/piece/{i}", self.piece)])
-        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self.runner, port = await serve_loopback(app)
+        self.url = f"http://127.0.0.1:{port}"
 
 
 def test_the_origins_check_of_a_relay_looks_like_its_childs_request(tmp_path):

@@ -30,7 +30,7 @@ import time
 
 import aiohttp
 from aiohttp import web
-from attacker_wire import HB, Identity, join, post, stdin_line
+from attacker_wire import HB, Identity, join, post, serve, stdin_line
 from two_faced import friends, leech, liars, loris
 
 RATE = 10.0  # reports per second, all keys together: more than twice what the tracker takes from fresh keys
@@ -65,11 +65,7 @@ class Staller:
         app = web.Application()
         app.add_routes([web.get("/reach", reach), web.get("/health", health),
                         web.get("/v/{v}/piece/{i}", piece)])
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.runner, self.port = await serve(app)
 
     async def stop(self) -> None:
         if self.runner:

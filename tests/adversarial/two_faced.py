@@ -9,7 +9,7 @@ import secrets
 
 import aiohttp
 from aiohttp import web
-from attacker_wire import HB, Identity, join, pass_for, post, stdin_line
+from attacker_wire import HB, Identity, join, pass_for, post, serve, stdin_line
 
 
 class TwoFaced:
@@ -60,11 +60,7 @@ class TwoFaced:
         app = web.Application()
         app.add_routes([web.get("/reach", reach), web.get("/health", ok), web.get("/probe", probe),
                         web.get("/v/{v}/piece/{i}", piece)])
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.runner, self.port = await serve(app)
         self.url = f"http://127.0.0.1:{self.port}"
         while await join(self.s, self.tracker, self.ident, relay=True, port=self.port, name="twofaced") == 429:
             await asyncio.sleep(0.3)

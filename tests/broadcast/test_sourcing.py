@@ -19,6 +19,7 @@ from broadcast.messages import ORIGIN
 from broadcast.origin import Origin
 from broadcast.peer import Peer, PeerConfig
 from swarm_common.keys import KeyPair
+from tests.loopback_http import serve_loopback
 
 pytestmark = pytest.mark.timeout(60)
 FIRST_BYTE = 0.5  # the peer's first-byte timeout
@@ -61,11 +62,8 @@ class Parent:
     async def start(self) -> None:
         app = web.Application()
         app.add_routes([web.get("/v/{v}/piece/{i}", self.piece)])
-        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self.runner, port = await serve_loopback(app)
+        self.url = f"http://127.0.0.1:{port}"
 
 
 async def race(tmp_path, parent_kw: dict, pieces: list[int], others: str = "", latency_s=None,
