@@ -24,7 +24,7 @@ def test_a_model_of_your_own_is_used_as_it_is_or_warmed_up_into_the_run(tmp_path
 
     # A model of your own with no warm-up asked for: its own directory, untouched.
     as_is = load_config(None, [f"run_dir={tmp_path / 'b'}", f"model.path={own}", *task])
-    assert as_is.model.sft_steps is None
+    assert as_is.model.sft_steps == -1
     assert prepare_base_model(as_is, progress=False) == own
     assert not (tmp_path / "b").exists()
 

@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     path: str = ""  # a local HF model directory; empty = the embedded default, built offline
-    # Supervised warm-up steps on the task's format before RL (trainer/sft.py). None: 150 for the embedded
+    # Supervised warm-up steps on the task's format before RL (trainer/sft.py). -1: 150 for the embedded
     # default, none for a model of your own (`path`); 0: none.
-    sft_steps: int | None = None
+    sft_steps: int = -1
     sft_lr: float = 3e-3
     sft_batch: int = 64
     seed: int = 0

@@ -29,10 +29,10 @@ def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
         path = Path(cfg.model.path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
-        if not steps:
+        if steps <= 0:
             return path
     else:
-        path, steps = None, 150 if steps is None else steps
+        path, steps = None, 150 if steps < 0 else steps
     out = Path(cfg.run_dir) / "base-model"
     # v3: the chat template renders episodes. A model of your own is named by its config and weights' sizes.
     source = "" if path is None else _fingerprint(path)
