@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 import uuid
 from collections import Counter
@@ -49,6 +50,24 @@ class Outcome:
         self.attempts += 1
         self.codes[code or "accepted"] += 1
         self.detected += code in expected
+
+
+def together(attack: Callable[[], Outcome], n: int = 2) -> Outcome:
+    """`n` copies of one attack run at once (colluding keys): their outcomes summed, banned if all were."""
+    results: list[Outcome] = []
+    threads = [threading.Thread(target=lambda: results.append(attack())) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out = Outcome()
+    for r in results:
+        out.attempts += r.attempts
+        out.detected += r.detected
+        out.codes.update(r.codes)
+        out.node_ids += r.node_ids
+    out.banned = all(r.banned for r in results)
+    return out
 
 
 def _code(reply: P.Message | None) -> str | None:

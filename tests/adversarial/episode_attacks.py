@@ -23,7 +23,7 @@ from rewards.registry import make_task
 from rewards.token_episode import TokenEpisode
 from swarm_common import protocol as P
 from swarm_common.chat import observation_ids
-from tests.adversarial.attacks import Ctx, Outcome, _code, _fresh
+from tests.adversarial.attacks import Ctx, Outcome, _code, _fresh, together
 
 SAMPLE_LOCK = threading.Lock()
 
@@ -273,20 +273,7 @@ def best_of_k_episodes(ctx: Ctx, k: int = 4, timeout_s: float = 300.0) -> Outcom
 
 def colluding_best_of_k_episodes(ctx: Ctx, k: int = 4) -> Outcome:
     """Two best-of-k episode pickers together: never paired with each other, both caught on probation."""
-    results: list[Outcome] = []
-    threads = [threading.Thread(target=lambda: results.append(best_of_k_episodes(ctx, k))) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out = Outcome()
-    for r in results:
-        out.attempts += r.attempts
-        out.detected += r.detected
-        out.codes.update(r.codes)
-        out.node_ids += r.node_ids
-    out.banned = all(r.banned for r in results)
-    return out
+    return together(lambda: best_of_k_episodes(ctx, k))
 
 
 EPISODE_ATTACKS: dict[str, Callable[[Ctx], Outcome]] = {

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from swarm_common import protocol as P
-from tests.adversarial.attacks import Ctx, Outcome, _code, _fresh, best_of_k
+from tests.adversarial.attacks import Ctx, Outcome, _code, _fresh, best_of_k, together
 from tests.adversarial.evil_node import EvilNode
 
 
@@ -88,20 +88,7 @@ def register_flood(ctx: Ctx, n: int = 200) -> Outcome:
 def colluding_best_of_k(ctx: Ctx, k: int = 4) -> Outcome:
     """Two best-of-k cherry-pickers that join together: paired only with established nodes, never with
     each other, both are caught on probation."""
-    results: list[Outcome] = []
-    threads = [threading.Thread(target=lambda: results.append(best_of_k(ctx, k))) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out = Outcome()
-    for r in results:
-        out.attempts += r.attempts
-        out.detected += r.detected
-        out.codes.update(r.codes)
-        out.node_ids += r.node_ids
-    out.banned = all(r.banned for r in results)
-    return out
+    return together(lambda: best_of_k(ctx, k))
 
 
 IDENTITY_ATTACKS: dict[str, Callable[[Ctx], Outcome]] = {
