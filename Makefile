@@ -36,10 +36,12 @@ browser:
 netlab-tools:
 	command -v nft >/dev/null 2>&1 || { apt-get update && apt-get install -y nftables; }
 
-# The python tool's sandbox (rewards/sandbox.py): Debian's bubblewrap, running Debian's python3. As root,
-# like chromium; a node that serves the python environment needs them too.
+# The python tool's sandbox (rewards/sandbox.py): Debian's bubblewrap, running Debian's python3, started
+# through util-linux's prlimit and setpriv. As root, like chromium; a node that serves the python
+# environment needs them too.
 sandbox:
-	command -v bwrap >/dev/null 2>&1 && test -x /usr/bin/python3 || { apt-get update && apt-get install -y bubblewrap python3; }
+	command -v bwrap >/dev/null 2>&1 && test -x /usr/bin/python3 && command -v prlimit >/dev/null 2>&1 && \
+	  command -v setpriv >/dev/null 2>&1 || { apt-get update && apt-get install -y bubblewrap python3 util-linux; }
 
 bench: $(STAMP)
 	$(PY) bench/node.py

@@ -1,32 +1,36 @@
 """Code chosen by a model runs here: Debian's bubblewrap plus resource limits, never Python-level filters.
 
-Each run is a fresh `bwrap` with every namespace unshared (no network: the new network namespace has no
+A sandbox is a `bwrap` with every namespace unshared (no network: the new network namespace has no
 interface but loopback), run as an unprivileged user id of its own (so the per-user process limit stops a
 fork bomb, which root would not be held to), `/usr` bound read-only, a size-capped tmpfs as the only
-writable directory (the scratch, also the working directory), a fresh /proc and /dev, an empty
-environment but PYTHONHASHSEED=0, and `--die-with-parent` so nothing outlives it. Before exec the child
-gets rlimits: CPU seconds, address space, processes, file size (which also caps what it can write to its
-stdout, a file here) and open files. The parent enforces a wall clock and kills the whole sandbox.
+writable directory (the scratch, also the working directory), a fresh /proc and /dev, and an empty
+environment but PYTHONHASHSEED=0. It stays: inside, rewards/sandbox_zygote.py forks once per program,
+gives the fork its rlimits (CPU seconds, address space, file size, which also caps its stdout, and open
+files) and a wall clock, and after the run kills whatever the program left running and empties what it
+wrote; what it cannot empty retires the sandbox. A fresh sandbox per program cost ~15 ms here (and a fork
+of the whole calling process, ~100 ms in a trainer holding a model, before prlimit/setpriv replaced a
+preexec_fn); a run in a resident one costs a fork. The host gives each run a deadline of its own too and
+ends the sandbox of a program that stops or kills its runner.
 
 The result is deterministic where the code is: output only from a clean exit (anything that hit a limit
 is reported by status alone, with no partial output that timing could change), so the trainer's replay
 gives the node's answer. `Budget` caps what one submission may spend in sandboxes (a replay bomb costs
 its sender a refusal, not the run its time).
 
-Measured here (tests/test_sandbox.py): a fork bomb, a network connection, a write outside the scratch and
-a memory hog are all stopped.
+Measured here (tests/test_sandbox.py): a fork bomb, a network connection, a write outside the scratch, a
+memory hog, and a program that tries to leave something for the next one are all stopped.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import itertools
 import os
-import resource
+import select
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -58,7 +62,8 @@ def clamp(limits: Limits) -> Limits:
 
 @dataclass
 class Result:
-    status: str  # ok, error (nonzero exit), timeout (CPU or wall clock), memory, output_limit
+    status: str  # ok, error (nonzero exit), timeout (CPU or wall clock), memory, output_limit, killed (the
+    # program killed its sandbox's runner)
     stdout: str  # only for ok and error
     stderr_tail: str  # the last line of stderr (an exception's type and text), only for error
     wall_s: float
@@ -101,6 +106,9 @@ def available() -> str | None:
     """Why the sandbox cannot run here, or None."""
     if shutil.which("bwrap") is None:
         return "bubblewrap is not installed (apt-get install -y bubblewrap)"
+    for tool in ("prlimit", "setpriv"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install -y util-linux)"
     try:
         interpreter()
     except SandboxUnavailable as e:
@@ -108,18 +116,15 @@ def available() -> str | None:
     return None
 
 
-def _preexec(limits: Limits, uid: int):
-    def setup() -> None:
-        os.setsid()
-        for lim, value in ((resource.RLIMIT_CPU, limits.cpu_s), (resource.RLIMIT_AS, limits.memory_bytes),
-                           (resource.RLIMIT_FSIZE, limits.output_bytes), (resource.RLIMIT_NPROC, limits.processes),
-                           (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
-            resource.setrlimit(lim, (value, value + (lim == resource.RLIMIT_CPU)))
-        if os.getuid() == 0:  # root is not held to RLIMIT_NPROC: become a user of the sandbox's own
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-    return setup
+def _limited(processes: int, uid: int) -> list[str]:
+    """The argv prefix that starts a sandbox with its process and file limits and, under root, as a user of
+    its own. util-linux's prlimit and setpriv do what a preexec_fn would, so Popen can vfork: a preexec_fn
+    forces a fork() of the calling process, whose cost grows with its memory (~100 ms in a trainer holding
+    a model)."""
+    prefix = ["prlimit", f"--nproc={processes}", "--nofile=64", "--core=0", "--"]
+    if os.getuid() == 0:  # root is not held to RLIMIT_NPROC: become a user of the sandbox's own
+        prefix += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    return prefix
 
 
 def _kill_tree(pid: int) -> None:
@@ -146,8 +151,135 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
+class _Resident:
+    """One sandbox that stays: rewards/sandbox_zygote.py runs in it and forks once per program."""
+
+    def __init__(self, key: tuple[int, int]):
+        self.key, (scratch_bytes, processes) = key, key
+        with _slot_lock:
+            uid = _UID_BASE + (os.getpid() % 50_000) * 64 + next(_slots) % 64
+        # The runner's own limits are the sandbox's (processes, files); each program gets the rest from it.
+        # No --die-with-parent: it is tied to the thread that started the sandbox, and any thread may use
+        # it; the runner exits when its stdin closes (this process gone) instead.
+        argv = _limited(processes, uid) + [
+            "bwrap", "--unshare-all", "--new-session", "--cap-drop", "ALL",
+            "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+            "--symlink", "usr/bin", "/bin", "--size", str(scratch_bytes), "--tmpfs", "/tmp",
+            "--size", str(3 * MAX_LIMITS.output_bytes), "--tmpfs", "/run",
+            "--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp", "--clearenv",
+            "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PATH", "/usr/bin",
+            interpreter(), "-S", "-s", "-B", "-c", _runner_source()]
+        try:
+            self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        except OSError as e:
+            raise SandboxUnavailable(f"could not start bwrap: {e}") from e
+        self.buf = bytearray()
+        if self._read_until(b"\n", time.monotonic() + 30) != b"ready":
+            self.close()
+            raise SandboxUnavailable("the sandbox's runner did not start (bwrap or /usr/bin/python3 failed)")
+
+    def _read_until(self, sep: bytes | int, deadline: float) -> bytes | None:
+        """A line (sep: b"\\n") or `sep` bytes from the runner; None if it ended or the deadline passed."""
+        fd = self.p.stdout.fileno()
+        while (sep not in self.buf) if isinstance(sep, bytes) else len(self.buf) < sep:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+        n = self.buf.index(sep) + 1 if isinstance(sep, bytes) else sep
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out.rstrip(b"\n") if isinstance(sep, bytes) else out
+
+    def run(self, code: str, limits: Limits) -> tuple[dict, bytes, bytes] | str:
+        """The runner's report, stdout and stderr tail; or "killed" (the sandbox ended: the program killed
+        its runner) or "timeout" (no answer in time: the runner was stopped)."""
+        req = msgspec.json.encode({"code": code, "cpu_s": limits.cpu_s, "memory_bytes": limits.memory_bytes,
+                                   "output_bytes": limits.output_bytes, "wall_s": limits.wall_s}) + b"\n"
+        try:
+            self.p.stdin.write(req)
+            self.p.stdin.flush()
+        except OSError:
+            return "killed"
+        deadline = time.monotonic() + limits.wall_s + 2.0  # the runner's own clock, plus its clean-up
+        line = self._read_until(b"\n", deadline)
+        if line is None:
+            return "timeout" if self.p.poll() is None else "killed"
+        try:
+            head = msgspec.json.decode(line, type=dict[str, int | bool])
+            body = self._read_until(int(head["out"]) + int(head["err"]), deadline)
+        except (msgspec.DecodeError, KeyError, ValueError):
+            return "killed"
+        if body is None:
+            return "timeout" if self.p.poll() is None else "killed"
+        return head, body[: head["out"]], body[head["out"]:]
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            _kill_tree(self.p.pid)
+        self.p.wait()
+        for f in (self.p.stdin, self.p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+_source: str | None = None
+_idle: list[_Resident] = []
+_idle_pid = os.getpid()
+MAX_IDLE = 4  # resident sandboxes kept between runs (one per thread that runs programs at once)
+
+
+def _runner_source() -> str:
+    global _source
+    if _source is None:
+        with open(os.path.join(os.path.dirname(__file__), "sandbox_zygote.py")) as f:
+            _source = f.read()
+    return _source
+
+
+def _take(key: tuple[int, int]) -> _Resident:
+    global _idle_pid
+    with _slot_lock:
+        if _idle_pid != os.getpid():  # a forked copy of this process: those sandboxes are the parent's
+            _idle.clear()
+            _idle_pid = os.getpid()
+        dead = [box for box in _idle if box.p.poll() is not None]  # ended while idle (killed from outside)
+        for box in dead:
+            _idle.remove(box)
+        for i, box in enumerate(_idle):
+            if box.key == key:
+                return _idle.pop(i)
+    for box in dead:
+        box.close()
+    return _Resident(key)
+
+
+def _give_back(box: _Resident) -> None:
+    with _slot_lock:
+        if len(_idle) < MAX_IDLE and _idle_pid == os.getpid():
+            _idle.append(box)
+            return
+    box.close()
+
+
+@atexit.register
+def close_all() -> None:
+    """End the resident sandboxes (they would end by themselves once this process's pipes close)."""
+    with _slot_lock:
+        boxes = _idle[:]
+        _idle.clear()
+    for box in boxes:
+        box.close()
+
+
 def run_python(code: str, limits: Limits | None = None) -> Result:
-    """Run `code` with Debian's Python in a fresh sandbox; its stdout, or why it stopped."""
+    """Run `code` with Debian's Python in a sandbox; its stdout, or why it stopped."""
     limits = limits or Limits()
     why = available()
     if why:
@@ -155,42 +287,26 @@ def run_python(code: str, limits: Limits | None = None) -> Result:
     cap = budget.get()
     if cap is not None and cap.spent:
         raise BudgetSpent("the submission's sandbox budget is spent")
-    with _slot_lock:
-        uid = _UID_BASE + (os.getpid() % 50_000) * 64 + next(_slots) % 64
-    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-            "--symlink", "usr/bin", "/bin", "--size", str(limits.scratch_bytes), "--tmpfs", "/tmp",
-            "--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp", "--clearenv",
-            "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PATH", "/usr/bin",
-            interpreter(), "-S", "-s", "-B", "-c", code]
     t0 = time.monotonic()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        try:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                 preexec_fn=_preexec(limits, uid), close_fds=True)
-        except OSError as e:
-            raise SandboxUnavailable(f"could not start bwrap: {e}") from e
-        timed_out = False
-        try:
-            p.wait(timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_tree(p.pid)
-            p.wait()
-        wall = time.monotonic() - t0
-        if cap is not None:
-            cap.spend(wall)
-        rc = p.returncode
-        out.seek(0)
-        stdout = out.read(limits.output_bytes + 1)
-        err.seek(0, os.SEEK_END)
-        err.seek(max(0, err.tell() - 4096))
-        stderr = err.read().decode(errors="replace")
-    # The CPU limit ends a run by SIGXCPU or, at the hard limit, SIGKILL (bwrap reports 128 + signal).
-    if timed_out or rc in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU, 128 + signal.SIGKILL):
+    box = _take((limits.scratch_bytes, limits.processes))
+    reply = box.run(code, limits)
+    wall = time.monotonic() - t0
+    if cap is not None:
+        cap.spend(wall)
+    if isinstance(reply, str):  # the program ended or stopped its sandbox: never reused
+        box.close()
+        return Result(reply, "", "", wall)
+    head, stdout, err = reply
+    if head["dirty"]:  # the runner left: something it cannot empty is left behind
+        box.close()
+    else:
+        _give_back(box)
+    rc, stderr = head["rc"], err.decode(errors="replace")
+    # The CPU limit ends a run by SIGXCPU or, at the hard limit, SIGKILL.
+    if head["timed_out"] or rc in (-signal.SIGXCPU, -signal.SIGKILL):
         return Result("timeout", "", "", wall)
     # Python ignores SIGXFSZ: past the file-size limit its writes fail, and what reached stdout is cut.
-    if rc in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ) or len(stdout) >= limits.output_bytes:
+    if rc == -signal.SIGXFSZ or len(stdout) >= limits.output_bytes:
         return Result("output_limit", "", "", wall)
     tail = (stderr.strip().splitlines() or [""])[-1][:200]
     if rc != 0 and tail.startswith("MemoryError"):

@@ -1,8 +1,10 @@
 """The code tool's sandbox (bubblewrap + rlimits) stops what a model, or an attacker choosing its code, may try.
 
 Each case runs real code in a real sandbox: a fork bomb, a network connection, a write outside the scratch
-directory, a memory hog, a CPU loop, a flood of output, a sleeper; and the replay budget refuses the rest
-of a submission once it is spent. `make test` installs bubblewrap (apt), as it does chromium."""
+directory, a memory hog, a CPU loop, a flood of output, a sleeper; programs that try to leave something
+for the next program in the same resident sandbox (files, processes, System V IPC) or to reach, stop or
+kill its runner; and the replay budget refuses the rest of a submission once it is spent. `make test`
+installs bubblewrap (apt), as it does chromium."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 
 import pytest
 
+from rewards import sandbox
 from rewards.sandbox import Budget, BudgetSpent, Limits, available, budget, run_python
 
 if available():
@@ -23,11 +26,23 @@ if available():
 FAST = Limits(cpu_s=1, wall_s=3.0)
 
 
-def _sandbox_processes() -> int:
-    """Live processes of sandbox users (a killed one may stay a zombie until its reaper gets to it)."""
+def _stray_processes() -> int:
+    """Live processes of sandbox users other than the resident sandboxes' own (bwrap, its init, the runner):
+    what programs left running (a killed one may stay a zombie until its reaper gets to it)."""
     time.sleep(0.5)
-    rows = subprocess.run(["ps", "-eo", "uid=,stat="], capture_output=True, text=True).stdout.splitlines()
-    return sum(1 for r in rows if int(r.split()[0]) >= 200_000 and not r.split()[1].startswith("Z"))
+    rows = subprocess.run(["ps", "-eo", "pid=,ppid=,uid=,stat="], capture_output=True, text=True).stdout
+    rows = [r.split() for r in rows.splitlines()]
+    children: dict[int, list[int]] = {}
+    for pid, ppid, *_ in rows:
+        children.setdefault(int(ppid), []).append(int(pid))
+    resident = set()
+    for box in sandbox._idle:  # a resident sandbox is three processes: bwrap, its init, the runner
+        level = [box.p.pid]
+        for _ in range(3):
+            resident.update(level)
+            level = [c for p in level for c in children.get(p, [])]
+    return sum(1 for pid, _, uid, stat in rows
+               if int(uid) >= 200_000 and not stat.startswith("Z") and int(pid) not in resident)
 
 
 def test_ordinary_code_runs_and_is_deterministic():
@@ -40,7 +55,7 @@ def test_a_fork_bomb_is_stopped():
     t0 = time.monotonic()
     r = run_python("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", FAST)
     assert r.status == "timeout" and time.monotonic() - t0 < FAST.wall_s + 2
-    assert _sandbox_processes() == 0  # nothing outlives the sandbox
+    assert _stray_processes() == 0  # nothing outlives the run
 
 
 def test_the_fork_bomb_meets_the_process_limit():
@@ -100,3 +115,39 @@ def test_the_budget_refuses_the_rest_of_a_submission():
     finally:
         budget.reset(token)
     assert run_python("print(1)", FAST).status == "ok"  # no budget outside a replay
+
+
+def test_a_program_leaves_nothing_for_the_next():
+    count = "import os; print(sum(p.isdigit() for p in os.listdir('/proc')), os.listdir('.'), os.listdir('/dev/shm'))"
+    before = run_python(count, FAST)
+    assert before.status == "ok" and before.stdout.endswith(" [] []\n"), before
+    left = run_python("import os, time\nopen('x', 'w').write('x'); open('/dev/shm/y', 'w').write('y')\n"
+                      "if os.fork() == 0:\n    os.setsid(); time.sleep(1.5); open('/tmp/late', 'w').write('z')\n"
+                      "    os._exit(0)\nprint('left')", FAST)
+    assert left.status == "ok" and left.stdout == "left\n"
+    assert run_python(count, FAST).stdout == before.stdout  # no file, no process: the same as before
+    time.sleep(2)
+    assert run_python(count, FAST).stdout == before.stdout  # the background process never wrote
+    assert _stray_processes() == 0
+
+
+def test_system_v_ipc_retires_the_sandbox():
+    shm = ("import ctypes; libc = ctypes.CDLL(None); print(libc.shmget(0, 1 << 20, 0o1600) >= 0); "
+           "print(len(open('/proc/sysvipc/shm').read().splitlines()) - 1)")
+    first = run_python(shm, FAST)
+    assert first.status == "ok" and first.stdout == "True\n1\n", first
+    assert run_python(shm, FAST).stdout == "True\n1\n"  # the next program meets none of it
+
+
+def test_the_runner_cannot_be_read_traced_stopped_or_killed():
+    peek = ("import os\nfor path in (f'/proc/{os.getppid()}/mem', f'/proc/{os.getppid()}/fd/0'):\n"
+            "    try:\n        open(path, 'rb')\n        print('open', path)\n    except PermissionError:\n"
+            "        print('denied')\n")
+    r = run_python(peek, FAST)
+    assert r.status == "ok" and r.stdout == "denied\ndenied\n", r
+    t0 = time.monotonic()
+    assert run_python("import os, signal; os.kill(os.getppid(), signal.SIGKILL)", FAST).status == "killed"
+    assert run_python("import os, signal; os.kill(os.getppid(), signal.SIGSTOP)", FAST).status == "timeout"
+    assert time.monotonic() - t0 < 2 * FAST.wall_s + 4
+    assert run_python("print(2)", FAST).stdout == "2\n"  # a fresh sandbox takes over
+    assert _stray_processes() == 0

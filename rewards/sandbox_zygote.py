@@ -1,0 +1,180 @@
+"""The sandbox's resident runner: it lives inside one bubblewrap sandbox and runs each program in a fork of itself.
+
+Run by Debian's python3 (`-S -s -B -c` this file's text) inside the sandbox that rewards/sandbox.py starts;
+it imports the standard library only. A fresh sandbox per program costs a bubblewrap start, its namespaces
+and a Python start (~15 ms here); a fork of this process costs about one. What one program could leave for
+the next is taken away after every run, so a program's output still depends on its text alone (the
+environment's contract, and what lets the trainer's replay agree with an honest node):
+- processes: this runner is a child subreaper, so everything a program started is its descendant; after
+  each run it kills every process of the sandbox but bubblewrap's init and itself (kill(-1)) and reaps them;
+- files: the scratch (/tmp, the working directory) and /dev/shm are emptied; the program's stdout and
+  stderr go to files outside the scratch, as a fresh interpreter's would go to its pipes;
+- this runner: it is not dumpable, so a program (same user) can neither ptrace it nor read its memory or
+  its descriptors through /proc; a program can still signal it, which ends the sandbox (the host starts a
+  new one; the run that did it is reported killed or timed out);
+- anything else the runner cannot empty (System V IPC objects, new entries in /dev) marks the sandbox dirty:
+  the host replaces it after this run.
+
+Protocol on stdin/stdout, one run at a time: a request is one JSON line (code and limits); the reply is one
+JSON line (exit code, timed out, dirty, byte counts) followed by the stdout and the stderr tail.
+"""
+
+import builtins
+import ctypes
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import sys
+import traceback
+
+SCRATCH = "/tmp"
+OUT = "/run/sb/out"
+ERR = "/run/sb/err"
+ERR_TAIL = 4096
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+
+
+def _exit_code(e: SystemExit) -> int:
+    """What `python -c` exits with for this SystemExit (and what it prints)."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code & 0xFF
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def child(req: dict) -> None:
+    """Become the program: own output files, the scratch as working directory, rlimits; then run it."""
+    rc = 1
+    try:
+        null = os.open("/dev/null", os.O_RDONLY)
+        out = os.open(OUT, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        err = os.open(ERR, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        for fd, target in ((null, 0), (out, 1), (err, 2)):
+            os.dup2(fd, target)
+        os.closerange(3, 1 << 16)  # the runner's pipes to the host are 0 and 1, now replaced
+        os.chdir(SCRATCH)
+        cpu = req["cpu_s"]
+        for lim, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),
+                           (resource.RLIMIT_AS, (req["memory_bytes"],) * 2),
+                           (resource.RLIMIT_FSIZE, (req["output_bytes"],) * 2),
+                           (resource.RLIMIT_NOFILE, (64, 64)), (resource.RLIMIT_CORE, (0, 0))):
+            resource.setrlimit(lim, value)
+        sys.argv = ["-c"]
+        code = compile(req["code"], "<string>", "exec")
+        exec(code, {"__name__": "__main__", "__doc__": None, "__builtins__": builtins})
+        rc = 0
+    except SystemExit as e:
+        rc = _exit_code(e)
+    except MemoryError:
+        os.write(2, b"MemoryError\n")
+    except BaseException:
+        try:
+            traceback.print_exc()
+        except BaseException:
+            os.write(2, b"Error\n")
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        rc = rc or 120  # as python: output that could not be written is a failed exit
+    os._exit(rc)
+
+
+def _wipe(path: str) -> bool:
+    ok = True
+    for entry in os.scandir(path):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                os.chmod(entry.path, 0o700)
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            ok = False
+    return ok
+
+
+def _reap_all() -> None:
+    """Kill every other process of the sandbox (bubblewrap's init excepted) and reap the lot."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _sysv_left() -> bool:
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                if len(f.read().splitlines()) > 1:
+                    return True
+        except OSError:
+            return True
+    return False
+
+
+def run(req: dict, dev: set) -> tuple[dict, bytes, bytes]:
+    pid = os.fork()
+    if pid == 0:
+        child(req)
+    pidfd = os.pidfd_open(pid)
+    # The host closing our stdin (it exited) ends the run too.
+    ready = select.select([pidfd, 0], [], [], req["wall_s"])[0]
+    timed_out = pidfd not in ready
+    if timed_out:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    os.close(pidfd)
+    _reap_all()
+    with open(OUT, "rb") as f:
+        out = f.read(req["output_bytes"] + 1)
+    with open(ERR, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - ERR_TAIL))
+        err = f.read()
+    clean = _wipe(SCRATCH) & _wipe("/dev/shm") & _wipe("/run/sb")
+    dirty = not clean or _sysv_left() or set(os.listdir("/dev")) != dev
+    head = {"rc": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "dirty": dirty,
+            "out": len(out), "err": len(err)}
+    return head, out, err
+
+
+def _read_line(buf: bytearray) -> bytes | None:
+    while b"\n" not in buf:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return None
+        buf += chunk
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
+
+
+def main() -> None:
+    libc = ctypes.CDLL(None)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    os.makedirs("/run/sb", exist_ok=True)
+    dev = set(os.listdir("/dev"))
+    buf = bytearray()
+    os.write(1, b"ready\n")
+    while (line := _read_line(buf)) is not None:
+        head, out, err = run(json.loads(line), dev)
+        data = json.dumps(head).encode() + b"\n" + out + err
+        while data:
+            data = data[os.write(1, data):]
+        if head["dirty"]:
+            return
+
+
+if __name__ == "__main__":
+    main()
