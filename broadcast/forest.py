@@ -9,6 +9,8 @@ in all the others, so each relay uploads about what it downloads: fanout f = k c
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from collections.abc import Callable
 
 from .layout import Layout, join_order_layout
@@ -21,9 +23,12 @@ Children = list[dict[str | None, list[str]]]
 
 
 class Forest:
-    def __init__(self, peers: dict[str, PeerRec], trees: int, fanout: int, ranked: Callable[[PeerRec], bool]):
-        """`peers`: the tracker's members (shared, not copied); `ranked`: placed above fresh keys."""
+    def __init__(self, peers: dict[str, PeerRec], trees: int, fanout: int, ranked: Callable[[PeerRec], bool],
+                 order_key: bytes | None = None):
+        """`peers`: the tracker's members (shared, not copied); `ranked`: placed above fresh keys;
+        `order_key`: keys the order members are laid out in (None: a secret of this process's own)."""
         self.peers, self.k, self.fanout, self.ranked = peers, trees, fanout, ranked
+        self.order_key = order_key or secrets.token_bytes(16)
         self.layout: Layout | None = None  # this version's trees; None: lay out afresh
         self.uploads = UploadMeter()  # placement: children's reports of what each source uploaded
         self.latest: int | None = None  # the newest version, as the origin last said
@@ -74,7 +79,7 @@ class Forest:
     def topology(self) -> tuple[Parents, Children]:
         """Per tree: parent of each peer (None = origin) and children of each node (None key = origin)."""
         if self.layout is None:
-            ordered = sorted(self.peers.values(), key=lambda p: p.seq)
+            ordered = sorted(self.peers.values(), key=self._order)
             if self.uploads.placed or self.uploads.probed:
                 self.layout = self._measured(ordered)
             else:
@@ -82,6 +87,12 @@ class Forest:
                     [(p.peer_id, p.group if p.interior_capable else None, self.ranked(p)) for p in ordered],
                     self.k, self.fanout)
         return self.layout.topology()
+
+    def _order(self, p: PeerRec) -> bytes:
+        """Where a member comes among equals in the layout: a keyed hash of its join number, not the join
+        order itself, so joining first buys no place above the fresh keys that join after (a handful of
+        attacker keys that joined a new swarm first were its whole top: version 1 took 6.8x)."""
+        return hashlib.blake2b(p.seq.to_bytes(8, "big"), key=self.order_key, digest_size=8).digest()
 
     # -- placement by measured uplink (broadcast/placement.py) -----------------------------------------------
     def note_uploads(self, rec: PeerRec, received: dict[str, Received], latest: int | None) -> None:

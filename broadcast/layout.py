@@ -110,8 +110,9 @@ class Layout:
 
 
 def join_order_layout(peers: list[tuple[str, int | None, bool]], trees: int, fanout: int) -> Layout:
-    """The layout before any uplink is measured: per tree, its group's relays in join order as an f-ary heap,
-    those with standing on top. `peers`: (peer_id, group if it may be interior, ranked) in join order."""
+    """The layout before any uplink is measured: per tree, its group's relays in the order given as an f-ary
+    heap, those with standing on top. `peers`: (peer_id, group if it may be interior, ranked), in the
+    forest's order (forest.Forest._order: a keyed shuffle of the join order)."""
     parents: list[Parents] = []
     children: list[Children] = []
     caps: list[dict[str | None, int]] = []

@@ -32,8 +32,9 @@ MAX_GIVEN = 256  # sources remembered per member
 class Tracker:
     def __init__(self, origin_url: str, trees: int, fanout: int, heartbeat_s: float = 2.0, *,
                  clock: Clock | None = None, max_peers: int = 1000, reserved_share: float = 0.0,
-                 penalty_limit: float = 5.0, prove_bytes: int = 1 << 16):
-        """`clock`: monotonic() and time() (the `time` module; None: a ManualClock at 0, for tests)."""
+                 penalty_limit: float = 5.0, prove_bytes: int = 1 << 16, order_key: bytes | None = None):
+        """`clock`: monotonic() and time() (the `time` module; None: a ManualClock at 0, for tests);
+        `order_key`: the layout's order among equals (forest.py; None: secret, a simulator passes its own)."""
         if trees < 1 or fanout < 1:
             raise ValueError("trees and fanout must be >= 1")
         self.origin_url, self.trees, self.fanout = origin_url, trees, fanout
@@ -49,7 +50,7 @@ class Tracker:
         self.refused: collections.Counter[str] = collections.Counter()
         self.events: collections.deque[str] = collections.deque(maxlen=200)
         self._seq = 0
-        self.forest = Forest(self.peers, trees, fanout, self._ranked)
+        self.forest = Forest(self.peers, trees, fanout, self._ranked, order_key)
 
     # -- what standing.py decides, and what the layout does about it ---------------------------------------
     trusted = property(lambda self: self.standing.trusted)

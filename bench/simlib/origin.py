@@ -55,7 +55,7 @@ class SimOrigin:
         self.sw, self.host, self.cfg = sw, host, cfg
         self.url = ORIGIN
         self.tracker = Tracker(ORIGIN, cfg.n_trees, cfg.fanout, cfg.heartbeat_s, clock=SimClock(sw.sim),
-                               max_peers=1 << 20)  # churn: N + arrivals
+                               max_peers=1 << 20, order_key=b"simulated tracker")  # churn: N + arrivals
         self.turns = TurnQueue()  # its children's requests take turns, as a relay's
         self.gate = ReportGate()
         self.plan = UplinkPlan(self.tracker) if probes else None  # None: no uplink probes

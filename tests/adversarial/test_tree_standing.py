@@ -135,3 +135,27 @@ def test_keys_vouching_for_each_others_uploads_lift_no_one():
                 assert cur not in bad, "an attacker above an honest relay"
                 cur = parents[t].get(cur)
     assert not any(a.key in tr.standing.earned for a in attackers)  # nor did they earn standing
+
+
+def test_joining_a_new_swarm_first_buys_no_place_at_the_top():
+    """Issue 29: fresh keys that joined a new swarm first were laid out as the top of every tree (join order),
+    so a few stalling attackers sat above every other peer and held back its first version (6.8x). Among
+    keys of equal standing the layout now takes a keyed shuffle of the join order (each tracker's key its
+    own secret): of the relays a later peer's pieces pass through, the first joiners are about their share
+    of the swarm, not most of them."""
+    first, later, through, hops = 8, 24, 0, 0
+    for _ in range(40):
+        tr = Tracker("http://o:1", trees=2, fanout=2)  # each with a secret order key of its own
+        ids = [tr.join(Join(f"http://p{i}:1", True, f"p{i}"), key=f"k{i}").peer_id for i in range(first + later)]
+        early = set(ids[:first])
+        parents, _ = tr.topology()
+        for par in parents:
+            for pid in ids[first:]:
+                node = par[pid]
+                while node is not None:
+                    hops += 1
+                    through += node in early
+                    node = par[node]
+    share = through / hops
+    print(f"first joiners are {share:.2f} of the relays above later peers")
+    assert share < 0.4, share  # a quarter of the swarm; joining first made them 0.63 of it before
