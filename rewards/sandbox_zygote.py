@@ -85,6 +85,18 @@ def child(req: dict) -> None:
     os._exit(rc)
 
 
+def _read(path: str, tail: int, limit: int) -> bytes:
+    """At most `limit` bytes of a file the program wrote (its last `tail` bytes when tail > 0); nothing if
+    it never made one."""
+    try:
+        with open(path, "rb") as f:
+            if tail:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - tail))
+            return f.read(limit)
+    except OSError:
+        return b""
+
+
 def _wipe(path: str) -> bool:
     ok = True
     for entry in os.scandir(path):
@@ -136,11 +148,7 @@ def run(req: dict, dev: set) -> tuple[dict, bytes, bytes]:
     _, status = os.waitpid(pid, 0)
     os.close(pidfd)
     _reap_all()
-    with open(OUT, "rb") as f:
-        out = f.read(req["output_bytes"] + 1)
-    with open(ERR, "rb") as f:
-        f.seek(max(0, os.fstat(f.fileno()).st_size - ERR_TAIL))
-        err = f.read()
+    out, err = _read(OUT, 0, req["output_bytes"] + 1), _read(ERR, ERR_TAIL, ERR_TAIL)
     clean = _wipe(SCRATCH) & _wipe("/dev/shm") & _wipe("/run/sb")
     dirty = not clean or _sysv_left() or set(os.listdir("/dev")) != dev
     head = {"rc": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "dirty": dirty,
