@@ -29,9 +29,10 @@ def run(n: int, size: int, piece: int, rate: float, factor: float, stall_timeout
     sim = Sim()
     sw = Swarm(sim, Host("origin", rate, float("inf"), 0.0005), OriginConfig(heartbeat_s=1.0),
                PeerConfig(stall_timeout=stall_timeout), piece, probes=False)
+    sw.tracker.forest.order_key = b""  # lay out in join order (not the tracker's keyed shuffle): p0 heads tree 0
     peers = [sw.new_peer(i, Host(f"p{i}", rate, float("inf"), 0.0005)) for i in range(n)]
     for i, p in enumerate(peers):
-        sim.at(0.01 * i, sw.arrive, p)  # join order: p0 heads tree 0
+        sim.at(0.01 * i, sw.arrive, p)
     slow = peers[:slow_n]  # the first to join: at the top of the trees
     for p in slow:
         sim.at(2.0, setattr, p.host, "up", rate / factor)

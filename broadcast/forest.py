@@ -26,9 +26,10 @@ class Forest:
     def __init__(self, peers: dict[str, PeerRec], trees: int, fanout: int, ranked: Callable[[PeerRec], bool],
                  order_key: bytes | None = None):
         """`peers`: the tracker's members (shared, not copied); `ranked`: placed above fresh keys;
-        `order_key`: keys the order members are laid out in (None: a secret of this process's own)."""
+        `order_key`: keys the order members are laid out in (None: a secret of this process's own; b"": the
+        join order itself, for tests and simulated scenarios that put a chosen peer at the top)."""
         self.peers, self.k, self.fanout, self.ranked = peers, trees, fanout, ranked
-        self.order_key = order_key or secrets.token_bytes(16)
+        self.order_key = secrets.token_bytes(16) if order_key is None else order_key
         self.layout: Layout | None = None  # this version's trees; None: lay out afresh
         self.uploads = UploadMeter()  # placement: children's reports of what each source uploaded
         self.latest: int | None = None  # the newest version, as the origin last said
@@ -92,7 +93,8 @@ class Forest:
         """Where a member comes among equals in the layout: a keyed hash of its join number, not the join
         order itself, so joining first buys no place above the fresh keys that join after (a handful of
         attacker keys that joined a new swarm first were its whole top: version 1 took 6.8x)."""
-        return hashlib.blake2b(p.seq.to_bytes(8, "big"), key=self.order_key, digest_size=8).digest()
+        seq = p.seq.to_bytes(8, "big")
+        return hashlib.blake2b(seq, key=self.order_key, digest_size=8).digest() if self.order_key else seq
 
     # -- placement by measured uplink (broadcast/placement.py) -----------------------------------------------
     def note_uploads(self, rec: PeerRec, received: dict[str, Received], latest: int | None) -> None:

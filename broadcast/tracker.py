@@ -50,6 +50,7 @@ class Tracker:
         self.refused: collections.Counter[str] = collections.Counter()
         self.events: collections.deque[str] = collections.deque(maxlen=200)
         self._seq = 0
+        self._vouching = (float("-inf"), False)  # (when looked, whether any member vouches)
         self.forest = Forest(self.peers, trees, fanout, self._ranked, order_key)
 
     # -- what standing.py decides, and what the layout does about it ---------------------------------------
@@ -97,6 +98,13 @@ class Tracker:
     def vouches(self, rec: PeerRec) -> bool:
         """What it says of others counts (standing.Standing.vouches)."""
         return self.standing.vouches(rec.key)
+
+    def _any_vouching(self) -> bool:
+        """Does any member vouch (trusted, or earned)? Looked up at most once a second: a heartbeat asks."""
+        now = self.clock.monotonic()
+        if now - self._vouching[0] >= 1.0:
+            self._vouching = (now, any(self.standing.vouches(p.key) for p in self.peers.values()))
+        return self._vouching[1]
 
     def was_given(self, rec: PeerRec, url: str | None) -> bool:
         """Was `url` among the sources this member was given lately? Nobody else can have sent it pieces."""
@@ -199,8 +207,12 @@ class Tracker:
                 if (src is not None and src is not rec and n > 0 and (trusted or self.was_given(rec, url))
                         and self.standing.confirm(src, rec.key, n)):
                     self.prove(src, f"{src.uploaded} bytes confirmed by its children", earned=True)
-        # Placement by measured uplinks: a fresh key's numbers could be made up, so only standing counts.
-        recent = {} if not self.has_standing(rec) else msg.recent if trusted else {
+        # Placement by measured uplinks: a fresh key's numbers could be made up, so only standing counts;
+        # and while any member vouches, only the figures of those who do: keys holding the origin's
+        # one-piece proof alone, placed above each other, said they got each other's pieces at 12.5 GB/s and
+        # took the top of the trees (issue 29, credit from friends; a ring of proofs lifts no one now).
+        counts = self.vouches(rec) if self._any_vouching() else self.has_standing(rec)
+        recent = {} if not counts else msg.recent if trusted else {
             u: r for u, r in msg.recent.items() if u == ORIGIN or self.was_given(rec, u)}
         self.forest.note_uploads(rec, recent, latest)
         sources = self.sources(rec.peer_id)

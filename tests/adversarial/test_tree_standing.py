@@ -137,6 +137,50 @@ def test_keys_vouching_for_each_others_uploads_lift_no_one():
     assert not any(a.key in tr.standing.earned for a in attackers)  # nor did they earn standing
 
 
+def test_proven_keys_above_each_other_lift_no_one():
+    """Issue 29, credit from friends, the case left open: attacker keys that hold the origin's one-piece
+    proof are ranked, so the layout may put one above another; each then said it received its parent's
+    pieces at 12.5 GB/s, and placement (the best child's figure) put them at the top of the trees. While
+    any member vouches (here the trainer's trusted relays), only vouching members' figures place anyone."""
+    tr = Tracker("http://o:1", trees=2, fanout=2)
+    attackers = []
+    for i in range(8):
+        rec = tr.peers[tr.join(Join(f"http://a{i}:1", True, "attacker"), key=f"a{i}").peer_id]
+        drive(tr, prove(tr, rec, 1, 0), {"piece": "ok"})
+        attackers.append(rec)
+    honest = []
+    for i in range(8):
+        rec = tr.peers[tr.join(Join(f"http://h{i}:1", True, f"honest{i}"), key=f"h{i}").peer_id]
+        tr.set_trusted(rec.key)
+        tr.probed(rec, 5 * MB)
+        honest.append(rec)
+    bad = {a.url for a in attackers}
+    lifted = 0
+    for _ in range(2):
+        for a in attackers:  # each vouches for the attackers it was given as parents
+            tr.clock.now += 1.0
+            given = {u for chain in tr.sources(a.peer_id) for u in chain} & bad
+            lifted += len(given)
+            heartbeat(tr, a, 1, received={u: 1 << 30 for u in given},
+                      recent={u: Received(25_000 * MB, 2.0) for u in given})
+        for h in honest:
+            tr.clock.now += 0.1
+            heartbeat(tr, h, 1)
+    assert lifted, "the layout put no attacker under another: the attack was not tried"
+    for p in tr.peers.values():
+        p.complete = [1]
+    heartbeat(tr, honest[0], 2)  # the next version: laid out by what was measured
+    assert not any(tr.uploads.placed.get(a.url or "") for a in attackers)
+    parents, _ = tr.topology()
+    ids = {a.peer_id for a in attackers}
+    for t in range(tr.trees):
+        for h in honest:  # no attacker above an honest relay in the tree it carries
+            cur = parents[t].get(h.peer_id) if h.group == t else None
+            while cur is not None:
+                assert cur not in ids, "an attacker above an honest relay"
+                cur = parents[t].get(cur)
+
+
 def test_joining_a_new_swarm_first_buys_no_place_at_the_top():
     """Issue 29: fresh keys that joined a new swarm first were laid out as the top of every tree (join order),
     so a few stalling attackers sat above every other peer and held back its first version (6.8x). Among

@@ -72,7 +72,9 @@ def test_relay_killed_mid_transfer(tmp_path):
 def test_corrupting_relay_is_caught_bypassed_and_banned(tmp_path):
     async def scenario():
         async with Cluster(tmp_path, fanout=2, upload_rate=4 << 20) as c:
-            # Joins first, so it heads tree 0: every peer's even pieces would come through it.
+            # Joins first and the tracker lays out in join order (not its keyed shuffle), so it heads tree 0:
+            # every peer's even pieces would come through it.
+            c.origin.tracker.forest.order_key = b""
             await c.spawn("evil", script="tests/broadcast/evil_relay.py")
             for i in range(4):
                 await c.spawn(f"p{i}", rate=4 << 20, wait_join=False)
