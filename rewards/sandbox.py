@@ -7,7 +7,8 @@ writable directory (the scratch, also the working directory), a fresh /proc and 
 environment but PYTHONHASHSEED=0. It stays: inside, rewards/sandbox_zygote.py forks once per program,
 gives the fork its rlimits (CPU seconds, address space, file size, which also caps its stdout, and open
 files) and a wall clock, and after the run kills whatever the program left running and empties what it
-wrote; what it cannot empty retires the sandbox. A fresh sandbox per program cost ~15 ms here (and a fork
+wrote (after answering, while the host reads the answer), and forks the next program's process ahead of
+it; what it cannot empty retires the sandbox. A fresh sandbox per program cost ~15 ms here (and a fork
 of the whole calling process, ~100 ms in a trainer holding a model, before prlimit/setpriv replaced a
 preexec_fn); a run in a resident one costs a fork. The host gives each run a deadline of its own too and
 ends the sandbox of a program that stops or kills its runner.
@@ -175,7 +176,7 @@ class _Resident:
         except OSError as e:
             raise SandboxUnavailable(f"could not start bwrap: {e}") from e
         self.buf = bytearray()
-        if self._read_until(b"\n", time.monotonic() + 30) != b"ready":
+        if not self.usable(30.0):
             self.close()
             raise SandboxUnavailable("the sandbox's runner did not start (bwrap or /usr/bin/python3 failed)")
 
@@ -194,6 +195,11 @@ class _Resident:
         out = bytes(self.buf[:n])
         del self.buf[:n]
         return out.rstrip(b"\n") if isinstance(sep, bytes) else out
+
+    def usable(self, wait_s: float = 10.0) -> bool:
+        """The runner's word after it cleaned up from the last program and forked the next one's process:
+        "clean", or it has left ("dirty": something it could not empty; or it died)."""
+        return self._read_until(b"\n", time.monotonic() + wait_s) == b"clean" and self.p.poll() is None
 
     def run(self, code: str, limits: Limits) -> tuple[dict, bytes, bytes] | str:
         """The runner's report, stdout and stderr tail; or "killed" (the sandbox ended: the program killed
@@ -244,18 +250,19 @@ def _runner_source() -> str:
 
 
 def _take(key: tuple[int, int]) -> _Resident:
+    """An idle resident sandbox that says it is clean, or a new one."""
     global _idle_pid
-    with _slot_lock:
-        if _idle_pid != os.getpid():  # a forked copy of this process: those sandboxes are the parent's
-            _idle.clear()
-            _idle_pid = os.getpid()
-        dead = [box for box in _idle if box.p.poll() is not None]  # ended while idle (killed from outside)
-        for box in dead:
+    while True:
+        with _slot_lock:
+            if _idle_pid != os.getpid():  # a forked copy of this process: those sandboxes are the parent's
+                _idle.clear()
+                _idle_pid = os.getpid()
+            box = next((b for b in _idle if b.key == key), None)
+            if box is None:
+                break
             _idle.remove(box)
-        for i, box in enumerate(_idle):
-            if box.key == key:
-                return _idle.pop(i)
-    for box in dead:
+        if box.usable():
+            return box
         box.close()
     return _Resident(key)
 
@@ -297,10 +304,7 @@ def run_python(code: str, limits: Limits | None = None) -> Result:
         box.close()
         return Result(reply, "", "", wall)
     head, stdout, err = reply
-    if head["dirty"]:  # the runner left: something it cannot empty is left behind
-        box.close()
-    else:
-        _give_back(box)
+    _give_back(box)  # whether it is clean again, its runner says before the next program (_take)
     rc, stderr = head["rc"], err.decode(errors="replace")
     # The CPU limit ends a run by SIGXCPU or, at the hard limit, SIGKILL.
     if head["timed_out"] or rc in (-signal.SIGXCPU, -signal.SIGKILL):

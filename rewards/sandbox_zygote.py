@@ -16,7 +16,10 @@ environment's contract, and what lets the trainer's replay agree with an honest 
   the host replaces it after this run.
 
 Protocol on stdin/stdout, one run at a time: a request is one JSON line (code and limits); the reply is one
-JSON line (exit code, timed out, dirty, byte counts) followed by the stdout and the stderr tail.
+JSON line (exit code, timed out, byte counts) followed by the stdout and the stderr tail; then, once the
+runner has cleaned up and forked the process for the next program (both while the host reads the
+reply), one word: "clean" (send the next) or "dirty" (it has left: start another sandbox). The first
+"clean" says it started.
 """
 
 import builtins
@@ -47,8 +50,9 @@ def _exit_code(e: SystemExit) -> int:
     return 1
 
 
-def child(req: dict) -> None:
-    """Become the program: own output files, the scratch as working directory, rlimits; then run it."""
+def child(requests: int) -> None:
+    """Become the next program, ahead of its request: own output files, the scratch as working directory;
+    then read the request from `requests`, take its rlimits and run it."""
     rc = 1
     try:
         null = os.open("/dev/null", os.O_RDONLY)
@@ -56,8 +60,16 @@ def child(req: dict) -> None:
         err = os.open(ERR, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         for fd, target in ((null, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
-        os.closerange(3, 1 << 16)  # the runner's pipes to the host are 0 and 1, now replaced
+        os.dup2(requests, 3)
+        os.closerange(4, 1 << 16)  # the runner's pipes to the host were 0 and 1, now replaced
         os.chdir(SCRATCH)
+        data = b""
+        while chunk := os.read(3, 1 << 16):
+            data += chunk
+        os.close(3)
+        if not data:  # the runner ended before giving us a program
+            os._exit(0)
+        req = json.loads(data)
         cpu = req["cpu_s"]
         for lim, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),
                            (resource.RLIMIT_AS, (req["memory_bytes"],) * 2),
@@ -83,6 +95,18 @@ def child(req: dict) -> None:
     except BaseException:
         rc = rc or 120  # as python: output that could not be written is a failed exit
     os._exit(rc)
+
+
+def prefork() -> tuple[int, int]:
+    """The next program's process, forked and set up while nobody waits: (its pid, the pipe to hand it
+    its request)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        child(r)
+    os.close(r)
+    return pid, w
 
 
 def _read(path: str, tail: int, limit: int) -> bytes:
@@ -135,25 +159,33 @@ def _sysv_left() -> bool:
     return False
 
 
-def run(req: dict, dev: set) -> tuple[dict, bytes, bytes]:
-    pid = os.fork()
-    if pid == 0:
-        child(req)
+def run(req: dict, line: bytes, ready: tuple[int, int]) -> tuple[dict, bytes, bytes]:
+    pid, requests = ready
     pidfd = os.pidfd_open(pid)
+    os.write(requests, line)  # a request line is far below a pipe's capacity
+    os.close(requests)
     # The host closing our stdin (it exited) ends the run too.
-    ready = select.select([pidfd, 0], [], [], req["wall_s"])[0]
-    timed_out = pidfd not in ready
+    ready_fds = select.select([pidfd, 0], [], [], req["wall_s"])[0]
+    timed_out = pidfd not in ready_fds
     if timed_out:
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     os.close(pidfd)
-    _reap_all()
+    _reap_all()  # before reading: nothing the program left running writes its output any more
     out, err = _read(OUT, 0, req["output_bytes"] + 1), _read(ERR, ERR_TAIL, ERR_TAIL)
-    clean = _wipe(SCRATCH) & _wipe("/dev/shm") & _wipe("/run/sb")
-    dirty = not clean or _sysv_left() or set(os.listdir("/dev")) != dev
-    head = {"rc": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "dirty": dirty,
-            "out": len(out), "err": len(err)}
+    head = {"rc": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "out": len(out), "err": len(err)}
     return head, out, err
+
+
+def clean(dev: set) -> bool:
+    """Empty what the program wrote; False if something is left that this runner cannot empty."""
+    emptied = _wipe(SCRATCH) & _wipe("/dev/shm") & _wipe("/run/sb")
+    return emptied and not _sysv_left() and set(os.listdir("/dev")) == dev
+
+
+def _send(data: bytes) -> None:
+    while data:
+        data = data[os.write(1, data):]
 
 
 def _read_line(buf: bytearray) -> bytes | None:
@@ -174,14 +206,18 @@ def main() -> None:
     os.makedirs("/run/sb", exist_ok=True)
     dev = set(os.listdir("/dev"))
     buf = bytearray()
-    os.write(1, b"ready\n")
+    ready = prefork()
+    _send(b"clean\n")
     while (line := _read_line(buf)) is not None:
-        head, out, err = run(json.loads(line), dev)
-        data = json.dumps(head).encode() + b"\n" + out + err
-        while data:
-            data = data[os.write(1, data):]
-        if head["dirty"]:
+        head, out, err = run(json.loads(line), line, ready)
+        _send(json.dumps(head).encode() + b"\n" + out + err)
+        # The clean-up and the next program's fork happen while the host reads the answer; the host reads
+        # this word before it sends another program.
+        if not clean(dev):
+            _send(b"dirty\n")
             return
+        ready = prefork()
+        _send(b"clean\n")
 
 
 if __name__ == "__main__":
