@@ -37,18 +37,11 @@ def found(messages: list[Message], item: TaskItem) -> bool:
 class GuessEnv(Environment):
     def __init__(self, width: int = 32, starts: int = 100, max_turns: int = 6, eval_share: float = 0.15,
                  system_prompt: str | None = None, turns_weight: float = 1.0, found_weight: float = 0.0,
-                 valid_weight: float = 0.1, feedback: str = "plain"):
-        """`feedback`: "plain" answers "higher" or "lower"; "range" adds the range still open ("higher
-        33..48"), so the next guess needs only the last answer, not the whole game read back."""
+                 valid_weight: float = 0.1):
         if not 2 <= width <= 10**6 or not 1 <= starts <= 10**6 or not 1 <= max_turns <= 32:
             raise ValueError("guess: width in 2..1e6, starts in 1..1e6, max_turns in 1..32")
-        if feedback not in ("plain", "range"):
-            raise ValueError("guess: feedback is 'plain' or 'range'")
         params = {"width": width, "starts": starts, "max_turns": max_turns, "eval_share": eval_share,
                   "system_prompt": system_prompt}
-        if feedback != "plain":  # (the plain game's params, and so its hand-outs, stay as they were)
-            params["feedback"] = feedback
-        self.feedback = feedback
 
         def by_turns(messages: list[Message], item: TaskItem) -> float:
             """1 for a first-turn hit, 1/max_turns less per extra turn, 0 if never found."""
@@ -80,19 +73,11 @@ class GuessEnv(Environment):
         return guess_of(messages[-1]["content"]) == state["secret"]
 
     def setup_state(self, item: TaskItem) -> State:
-        return {"secret": int(item.meta["secret"]), "lo": int(item.meta["lo"]), "hi": int(item.meta["hi"])}
-
-    def answer(self, g: int | None, state: State) -> tuple[str, State]:
-        """The reply to guess `g` (not the secret) and the range left open."""
-        if g is None:
-            return "a number, please", state
-        secret, lo, hi = state["secret"], state["lo"], state["hi"]
-        lo, hi = (max(lo, g + 1), hi) if g < secret else (lo, min(hi, g - 1))
-        word = "higher" if g < secret else "lower"
-        return (f"{word} {lo}..{hi}" if self.feedback == "range" else word), {**state, "lo": lo, "hi": hi}
+        return {"secret": int(item.meta["secret"])}
 
     def env_response(self, messages: list[Message], state: State) -> tuple[list[Message], State]:
-        reply, state = self.answer(guess_of(messages[-1]["content"]), state)
+        g = guess_of(messages[-1]["content"])
+        reply = "a number, please" if g is None else "higher" if g < state["secret"] else "lower"
         return [{"role": "user", "content": reply}], state
 
     # ---- items ------------------------------------------------------------------------------------
@@ -135,13 +120,13 @@ class GuessEnv(Environment):
     def demonstration(self, item: TaskItem) -> list[Message]:
         """Guesses drawn at random from the range still open (seeded by the item), until found."""
         rng = random.Random(f"guess-demo-{item.id}-{item.prompt}")
-        state = self.setup_state(item)
+        lo, hi, secret = int(item.meta["lo"]), int(item.meta["hi"]), int(item.meta["secret"])
         out: list[Message] = []
         for turn in range(self.max_turns):
-            g = rng.randint(state["lo"], state["hi"])
+            g = rng.randint(lo, hi)
             out.append({"role": "assistant", "content": str(g)})
-            if g == state["secret"] or turn == self.max_turns - 1:
+            if g == secret or turn == self.max_turns - 1:
                 break
-            reply, state = self.answer(g, state)
-            out.append({"role": "user", "content": reply})
+            out.append({"role": "user", "content": "higher" if g < secret else "lower"})
+            lo, hi = (g + 1, hi) if g < secret else (lo, g - 1)
         return out
