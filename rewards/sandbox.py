@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+CLEAN_WAIT_S = 0.05  # the longest a program waits for its sandbox's clean-up (normally ~1 ms) before a new one
 _UID_BASE = 200_000  # sandbox user ids: one per concurrent run of this process, outside any real user's
 _slots = itertools.count()
 _slot_lock = threading.Lock()
@@ -196,9 +197,12 @@ class _Resident:
         del self.buf[:n]
         return out.rstrip(b"\n") if isinstance(sep, bytes) else out
 
-    def usable(self, wait_s: float = 10.0) -> bool:
+    def usable(self, wait_s: float | None = None) -> bool:
         """The runner's word after it cleaned up from the last program and forked the next one's process:
-        "clean", or it has left ("dirty": something it could not empty; or it died)."""
+        "clean", or it has left ("dirty": something it could not empty; or it died), or it is not done
+        within `wait_s` (a program that left much to empty: the next program takes a new sandbox rather
+        than wait, and the one who left it pays nobody's time)."""
+        wait_s = CLEAN_WAIT_S if wait_s is None else wait_s
         return self._read_until(b"\n", time.monotonic() + wait_s) == b"clean" and self.p.poll() is None
 
     def run(self, code: str, limits: Limits) -> tuple[dict, bytes, bytes] | str:

@@ -142,3 +142,14 @@ def test_the_runner_cannot_be_read_traced_stopped_or_killed():
     assert time.monotonic() - t0 < 2 * FAST.wall_s + 4
     assert run_python("print(2)", FAST).stdout == "2\n"  # a fresh sandbox takes over
     assert _stray_processes() == 0
+
+
+def test_a_program_that_leaves_much_to_empty_costs_the_next_no_wait():
+    """Emptying 60,000 files takes the runner far longer than CLEAN_WAIT_S after it answered; the next
+    program does not wait for it but takes a fresh sandbox (a new runner), and finds an empty scratch."""
+    r = run_python("for i in range(60000):\n    open(f'f{i}', 'w').close()\nprint('made')", Limits(cpu_s=8, wall_s=30.0))
+    assert r.status == "ok" and r.stdout == "made\n", r
+    left = next(b for b in sandbox._idle if b.key == (FAST.scratch_bytes, FAST.processes))
+    nxt = run_python("import os; print(len(os.listdir('.')))", FAST)
+    assert nxt.status == "ok" and nxt.stdout == "0\n"
+    assert left.p.poll() is not None and left not in sandbox._idle  # given up, not waited for
