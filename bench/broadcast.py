@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import logging
-import math
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.broadcast_netns import finish_row  # noqa: E402  (the table's rows, as --netns fills them)
+from bench.broadcast_shardcast import read_lines, run_shardcast, rusage_cpu, sc_role  # noqa: E402
 
 MiB = 1 << 20
 
@@ -59,18 +58,18 @@ async def _peer_worker(args: argparse.Namespace) -> None:
         peers.append(p)
     ru = resource.getrusage(resource.RUSAGE_SELF)
     print(f"CPU0 {ru.ru_utime + ru.ru_stime:.3f}", flush=True)  # start-up cost, excluded from the figure
+    prof = cProfile.Profile(time.thread_time) if os.environ.get("BENCH_PROFILE") else None  # relay_cpu.py
+    if prof:
+        prof.enable()
     print("READY", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # parent says stop
+    if prof:
+        prof.disable()
+        prof.dump_stats(f"{os.environ['BENCH_PROFILE']}-{args.indices[0]}.prof")
     for p in peers:
         await p.stop()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     print(f"CPU {ru.ru_utime + ru.ru_stime:.3f}", flush=True)
-
-
-async def _read_lines(proc: asyncio.subprocess.Process, sink: list[str]) -> None:
-    assert proc.stdout
-    async for line in proc.stdout:
-        sink.append(line.decode().strip())
 
 
 async def run_ours(mode: str, n: int, size: int, rate: float, piece: int, trees: int, workers: int,
@@ -98,7 +97,7 @@ async def run_ours(mode: str, n: int, size: int, rate: float, piece: int, trees:
             procs.append(p)
             sink: list[str] = []
             lines.append(sink)
-            asyncio.create_task(_read_lines(p, sink))
+            asyncio.create_task(read_lines(p, sink))
         end = time.monotonic() + 60
         while sum("READY" in s for sink in lines for s in sink) < nw or len(origin.tracker.peers) < n:
             if time.monotonic() > end:
@@ -123,7 +122,7 @@ async def run_ours(mode: str, n: int, size: int, rate: float, piece: int, trees:
             await asyncio.sleep(0.05)
         T = max(done.values()) - t0
         first = min(done.values()) - t0
-        own = _cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(cpu_t0)
+        own = rusage_cpu(resource.getrusage(resource.RUSAGE_SELF)) - rusage_cpu(cpu_t0)
         for p in procs:
             p.stdin.write(b"stop\n")
             await p.stdin.drain()
@@ -136,7 +135,8 @@ async def run_ours(mode: str, n: int, size: int, rate: float, piece: int, trees:
             got = (root / f"p{i}" / "versions" / "v1" / "model.safetensors").read_bytes()
             if got != (vdir / "model.safetensors").read_bytes():
                 return {"T": None, "error": f"p{i} holds different bytes"}
-        return {"T": T, "first_s": first, "cpu_s": own + worker_cpu, "cpu_frac_of_2_cores": (own + worker_cpu) / T / 2}
+        return {"T": T, "first_s": first, "cpu_s": own + worker_cpu, "cpu_frac_of_2_cores": (own + worker_cpu) / T / 2,
+                "peers_cpu_s": worker_cpu, "origin_cpu_s": own}
     finally:
         for p in procs:
             if p.returncode is None:
@@ -144,170 +144,6 @@ async def run_ours(mode: str, n: int, size: int, rate: float, piece: int, trees:
                 await p.wait()
         await origin.stop()
         del cpu0
-
-
-def _cpu(ru) -> float:
-    return ru.ru_utime + ru.ru_stime
-
-
-# ---------------------------------------------------------------------------------------------------------
-# shardcast roles (each in its own process; its servers are single-threaded stdlib http.server)
-# ---------------------------------------------------------------------------------------------------------
-def _patch_shardcast(rate: float, bind: str) -> None:
-    import shardcast.server as server
-
-    server.get_local_ip = lambda: bind  # never probe towards other addresses
-    lock = threading.Lock()
-    state = {"next": time.monotonic()}
-
-    def copyfile(self, source, outputfile) -> None:  # pace this server's uplink to `rate`
-        while chunk := source.read(64 << 10):
-            with lock:
-                now = time.monotonic()
-                start = max(state["next"], now - 0.02)
-                state["next"] = start + len(chunk) / rate
-                delay = state["next"] - now
-            if delay > 0:
-                time.sleep(delay)
-            outputfile.write(chunk)
-
-    if rate:  # 0: the kernel shapes this host's uplink (--netns)
-        server.ShardcastRequestHandler.copyfile = copyfile
-    orig_init = server.ShardcastServer.__init__
-
-    def init(self, server_address, directory, shutdown_event=None):  # bind ours, not shardcast's 0.0.0.0
-        orig_init(self, (bind, server_address[1]), directory, shutdown_event)
-
-    server.ShardcastServer.__init__ = init
-
-
-def _sc_role(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=logging.WARNING)
-    _patch_shardcast(args.rate, args.bind)
-    import shardcast.utils
-
-    shardcast.utils.logger.setLevel(logging.WARNING)
-    d = Path(args.dir)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "data1.bin").write_bytes(b"\0" * 1024)  # the bandwidth probe its clients insist on
-    if args.sc_role == "origin":
-        from shardcast.origin_server import OriginServer
-
-        o = OriginServer(str(d), args.port)
-        print("READY", flush=True)
-        sys.stdin.readline()
-        print(f"T0 {time.time():.6f}", flush=True)
-        o.broadcast(args.file)
-        print("PUBLISHED", flush=True)
-        sys.stdin.readline()
-    elif args.sc_role == "middle":
-        from shardcast.middle_node import MiddleNode
-
-        MiddleNode(args.upstream, str(d), args.port, check_interval=1)
-        print("READY", flush=True)
-        sys.stdin.readline()
-    else:
-        from shardcast.client_node import ClientNode
-
-        clients = [ClientNode(args.upstream, str(d / f"c{i}")) for i in range(args.n[0])]
-        print("READY", flush=True)
-
-        def fetch(i: int, c) -> None:
-            while True:
-                if "v1" in c.list_available_versions():
-                    out = c.download_version("v1", str(d / f"c{i}" / "file.bin"))
-                    if out:
-                        print(f"DONE {i} {time.time():.6f}", flush=True)
-                        return
-                time.sleep(0.2)
-
-        threads = [threading.Thread(target=fetch, args=(i, c), daemon=True) for i, c in enumerate(clients)]
-        for t in threads:
-            t.start()
-        sys.stdin.readline()
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    ch = resource.getrusage(resource.RUSAGE_CHILDREN)  # the wget processes
-    print(f"CPU {_cpu(ru) + _cpu(ch):.3f}", flush=True)
-    os._exit(0)  # its server threads block in handle_request()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def run_shardcast(n: int, size: int, rate: float, tmp: Path, timeout: float) -> dict:
-    try:
-        import shardcast  # noqa: F401
-    except ImportError as e:
-        return {"T": None, "error": f"shardcast not importable: {e}"}
-    if not shutil.which("wget"):
-        return {"T": None, "error": "wget missing (shardcast shells out to it)"}
-    root = tmp / f"sc{n}"
-    root.mkdir(parents=True)
-    src = root / "model.bin"
-    src.write_bytes(os.urandom(size))
-    m = math.ceil(math.sqrt(n))
-    env = dict(os.environ, SHARDCAST_FAST_RETRY_INTERVAL="1", SHARDCAST_SLOW_RETRY_INTERVAL="1")
-    procs: list[asyncio.subprocess.Process] = []
-    lines: list[list[str]] = []
-
-    async def spawn(*a: str) -> tuple[asyncio.subprocess.Process, list[str]]:
-        p = await asyncio.create_subprocess_exec(sys.executable, __file__, "--rate", str(rate), *a,
-                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.DEVNULL, env=env, cwd=root)
-        sink: list[str] = []
-        asyncio.create_task(_read_lines(p, sink))
-        procs.append(p)
-        lines.append(sink)
-        end = time.monotonic() + 60
-        while "READY" not in sink:
-            if p.returncode is not None or time.monotonic() > end:
-                raise RuntimeError(f"shardcast {a[:2]} did not start")
-            await asyncio.sleep(0.05)
-        return p, sink
-
-    try:
-        oport = _free_port()
-        origin, osink = await spawn("--sc-role", "origin", "--dir", str(root / "origin"), "--port", str(oport),
-                                    "--file", str(src))
-        ups = []
-        for j in range(m):
-            port = _free_port()
-            await spawn("--sc-role", "middle", "--dir", str(root / f"mid{j}"), "--port", str(port),
-                        "--upstream", f"http://127.0.0.1:{oport}")
-            ups.append(f"http://127.0.0.1:{port}")
-        _, csink = await spawn("--sc-role", "clients", "--dir", str(root / "clients"), "--n", str(n),
-                               "--upstream", *ups)
-        origin.stdin.write(b"go\n")
-        await origin.stdin.drain()
-        end = time.monotonic() + timeout
-        while sum(s.startswith("DONE") for s in csink) < n:
-            if time.monotonic() > end:
-                got = sum(s.startswith("DONE") for s in csink)
-                return {"T": None, "error": f"timeout after {timeout:.0f}s with {got}/{n} done", "relays": m}
-            await asyncio.sleep(0.05)
-        t0 = float(next(s for s in osink if s.startswith("T0")).split()[1])
-        T = max(float(s.split()[2]) for s in csink if s.startswith("DONE")) - t0
-        for p in procs:
-            p.stdin.write(b"stop\n")
-            await p.stdin.drain()
-        for p in procs:
-            await asyncio.wait_for(p.wait(), 20)
-        await asyncio.sleep(0.1)
-        cpu = sum(float(s.split()[1]) for sink in lines for s in sink if s.startswith("CPU "))
-        for i in range(n):
-            if (root / "clients" / f"c{i}" / "file.bin").read_bytes() != src.read_bytes():
-                return {"T": None, "error": f"client {i} holds different bytes"}
-        return {"T": T, "cpu_s": cpu, "cpu_frac_of_2_cores": cpu / T / 2, "relays": m}
-    finally:
-        for p in procs:
-            if p.returncode is None:
-                p.kill()
-                await p.wait()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -328,7 +164,7 @@ async def bench(args: argparse.Namespace) -> dict:
                 t_start = time.monotonic()
                 try:
                     if design == "shardcast":
-                        r = await run_shardcast(n, size, rate, tmp, budget)
+                        r = await run_shardcast(n, size, rate, tmp, budget, Path(__file__))
                     else:
                         r = await run_ours(design, n, size, rate, args.piece_kib << 10, args.trees, args.workers,
                                            args.window, tmp, budget)
@@ -381,7 +217,7 @@ def main() -> None:
         asyncio.run(_peer_worker(args))
         return
     if args.sc_role:
-        _sc_role(args)
+        sc_role(args)
         return
     if args.netns:
         from broadcast_netns import bench_netns  # bench/ is on sys.path when run as a script

@@ -1,0 +1,92 @@
+"""Where a relay's CPU goes, per piece: one version through the relay tree on loopback (bench/broadcast.py's
+tree design: an origin in this process, the peers in one worker process, every uplink paced to B), the
+worker's event-loop thread under cProfile with that thread's CPU clock (time.thread_time).
+
+    python bench/relay_cpu.py [--n 8] [--size-mib 16] [--rate-mbit 20] [--piece-kib 32 256 1024] [--json FILE]
+
+For each piece size: T / (S/B), the peers' CPU seconds per piece received (all threads: rusage), the part
+the profile saw on the event loop's thread (the rest is in worker threads: hashing large pieces, opening
+and finishing files), and the functions that took most of it. Issue 28 asked where the CPU goes at
+20 Mbit/s with 256 KiB pieces across namespaces, where the 2 cores were the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pstats
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.broadcast import run_ours  # noqa: E402
+
+MiB = 1 << 20
+
+
+def where(stats: pstats.Stats, top: int) -> list[tuple[str, float]]:
+    """(function, its own CPU seconds), the largest first; asyncio's and the selector's polling kept apart."""
+    rows = []
+    for (path, line, name), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        where_ = f"{Path(path).parent.name}/{Path(path).name}:{line}({name})" if line else name
+        rows.append((where_, tottime))
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
+def one(n: int, size: int, rate: float, piece: int, trees: int, top: int, tmp: Path) -> dict:
+    prefix = tmp / f"prof-{piece >> 10}k"
+    os.environ["BENCH_PROFILE"] = str(prefix)
+    try:
+        r = asyncio.run(run_ours("tree", n, size, rate, piece, trees, 1, 2, tmp, 4 * size / rate + 60))
+    finally:
+        del os.environ["BENCH_PROFILE"]
+    if r.get("T") is None:
+        return {"piece_bytes": piece, "error": r.get("error")}
+    stats = pstats.Stats(*[str(p) for p in tmp.glob(f"{prefix.name}-*.prof")])
+    pieces = n * -(-size // piece)  # every peer receives every piece
+    loop_cpu = stats.total_tt  # type: ignore[attr-defined]
+    return {"piece_bytes": piece, "T_over_SB": r["T"] / (size / rate), "pieces_received": pieces,
+            "peers_cpu_s": r["peers_cpu_s"], "origin_cpu_s": r["origin_cpu_s"],
+            "peers_ms_per_piece": 1e3 * r["peers_cpu_s"] / pieces, "loop_ms_per_piece": 1e3 * loop_cpu / pieces,
+            "top": [(f, 1e3 * s / pieces) for f, s in where(stats, top)]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--size-mib", type=float, default=16.0)
+    ap.add_argument("--rate-mbit", type=float, default=20.0)
+    ap.add_argument("--piece-kib", type=int, nargs="+", default=[32, 256, 1024])
+    ap.add_argument("--trees", type=int, default=4)
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    size, rate = int(args.size_mib * MiB), args.rate_mbit * 1e6 / 8
+    print(f"N = {args.n} peers in one process, S = {args.size_mib} MiB, B = {args.rate_mbit} Mbit/s, "
+          f"S/B = {size / rate:.1f} s, {args.trees} trees; CPU per piece received, the peers' process")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="relaycpu-") as td:
+        for piece in args.piece_kib:
+            r = one(args.n, size, rate, piece << 10, args.trees, args.top, Path(td) / f"{piece}k")
+            rows.append(r)
+            if "error" in r:
+                print(f"\n{piece} KiB pieces: {r['error']}")
+                continue
+            print(f"\n{piece} KiB pieces: T/(S/B) {r['T_over_SB']:.2f}; {r['pieces_received']} pieces received; "
+                  f"peers {r['peers_ms_per_piece']:.2f} ms CPU a piece ({r['loop_ms_per_piece']:.2f} on the event "
+                  f"loop's thread, the rest in worker threads); origin {r['origin_cpu_s']:.1f} CPU s in all")
+            for f, ms in r["top"]:
+                print(f"  {ms:7.3f} ms  {f}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
