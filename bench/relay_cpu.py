@@ -3,6 +3,9 @@ tree design: an origin in this process, the peers in one worker process, every u
 worker's event-loop thread under cProfile with that thread's CPU clock (time.thread_time).
 
     python bench/relay_cpu.py [--n 8] [--size-mib 16] [--rate-mbit 20] [--piece-kib 32 256 1024] [--json FILE]
+    python bench/relay_cpu.py --netns ...   (as root: each peer a process on a host of its own, its uplink
+                                            shaped by the kernel, as `bench/broadcast.py --netns`; no pacing
+                                            in our code, so what is left is what a deployed relay spends)
 
 For each piece size: T / (S/B), the peers' CPU seconds per piece received (all threads: rusage), the part
 the profile saw on the event loop's thread (the rest is in worker threads: hashing large pieces, opening
@@ -17,6 +20,7 @@ import asyncio
 import json
 import os
 import pstats
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -56,6 +60,27 @@ def one(n: int, size: int, rate: float, piece: int, trees: int, top: int, tmp: P
             "top": [(f, 1e3 * s / pieces) for f, s in where(stats, top)]}
 
 
+def netns_one(n: int, size_mib: float, rate: float, piece: int, trees: int, top: int, tmp: Path) -> dict:
+    """The same across network namespaces: bench/broadcast.py --netns, each peer dumping its profile."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = tmp / "netns.json"
+    env = dict(os.environ, BENCH_PROFILE=str(tmp / "prof"))
+    cmd = [sys.executable, str(REPO / "bench" / "broadcast.py"), "--netns", "--n", str(n), "--size-mib", str(size_mib),
+           "--rate-mib", str(rate / MiB), "--piece-kib", str(piece >> 10), "--trees", str(trees), "--designs", "tree",
+           "--json", str(out)]
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    (row,) = json.loads(out.read_text())["rows"]
+    if row.get("T") is None:
+        return {"piece_bytes": piece, "error": row.get("error")}
+    stats = pstats.Stats(*[str(p) for p in tmp.glob("prof-*.prof")])
+    pieces = n * -(-int(size_mib * MiB) // piece)
+    return {"piece_bytes": piece, "T_over_SB": row["ratio"], "pieces_received": pieces,
+            "peers_cpu_s": row["cpu_s"], "origin_cpu_s": 0.0, "profiles": len(list(tmp.glob("prof-*.prof"))),
+            "peers_ms_per_piece": 1e3 * row["cpu_s"] / pieces,
+            "loop_ms_per_piece": 1e3 * stats.total_tt / pieces,  # type: ignore[attr-defined]
+            "top": [(f, 1e3 * s / pieces) for f, s in where(stats, top)]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=8)
@@ -65,6 +90,7 @@ def main() -> int:
     ap.add_argument("--trees", type=int, default=4)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--netns", action="store_true", help="across network namespaces (root; see above)")
     args = ap.parse_args()
     size, rate = int(args.size_mib * MiB), args.rate_mbit * 1e6 / 8
     print(f"N = {args.n} peers in one process, S = {args.size_mib} MiB, B = {args.rate_mbit} Mbit/s, "
@@ -72,14 +98,17 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="relaycpu-") as td:
         for piece in args.piece_kib:
-            r = one(args.n, size, rate, piece << 10, args.trees, args.top, Path(td) / f"{piece}k")
+            tmp = Path(td) / f"{piece}k"
+            r = (netns_one(args.n, args.size_mib, rate, piece << 10, args.trees, args.top, tmp) if args.netns
+                 else one(args.n, size, rate, piece << 10, args.trees, args.top, tmp))
             rows.append(r)
             if "error" in r:
                 print(f"\n{piece} KiB pieces: {r['error']}")
                 continue
             print(f"\n{piece} KiB pieces: T/(S/B) {r['T_over_SB']:.2f}; {r['pieces_received']} pieces received; "
                   f"peers {r['peers_ms_per_piece']:.2f} ms CPU a piece ({r['loop_ms_per_piece']:.2f} on the event "
-                  f"loop's thread, the rest in worker threads); origin {r['origin_cpu_s']:.1f} CPU s in all")
+                  f"loop's thread, the rest in worker threads); origin {r['origin_cpu_s']:.1f} CPU s in all"
+                  + (" (netns: the origin's CPU is in the peers' figure)" if args.netns else ""))
             for f, ms in r["top"]:
                 print(f"  {ms:7.3f} ms  {f}")
     if args.json:
