@@ -91,12 +91,14 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--netns", action="store_true", help="across network namespaces (root; see above)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the profiles here (pstats files, one per process)")
     args = ap.parse_args()
     size, rate = int(args.size_mib * MiB), args.rate_mbit * 1e6 / 8
     print(f"N = {args.n} peers in one process, S = {args.size_mib} MiB, B = {args.rate_mbit} Mbit/s, "
           f"S/B = {size / rate:.1f} s, {args.trees} trees; CPU per piece received, the peers' process")
     rows = []
     with tempfile.TemporaryDirectory(prefix="relaycpu-") as td:
+        td = str(args.keep or td)
         for piece in args.piece_kib:
             tmp = Path(td) / f"{piece}k"
             r = (netns_one(args.n, args.size_mib, rate, piece << 10, args.trees, args.top, tmp) if args.netns

@@ -8,7 +8,9 @@ decide; this file only does the I/O. The simulator (bench/simlib) drives the sam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import time
 
 import aiohttp
@@ -26,6 +28,19 @@ from .tracker_client import TrackerClient
 log = logging.getLogger("broadcast.peer")
 RECV_CHUNK = 1 << 20  # a piece arrives in a few reads, not one per 64 KiB
 HASH_INLINE = 256 << 10  # smaller pieces are hashed on the loop: a thread's hand-off cost more than the hash
+# Wake for a piece's bytes in batches (SO_RCVLOWAT), not for every few packets: at 20 Mbit/s a 256 KiB
+# piece woke the receiver ~117 times (2.2 KiB each), most of a relay's CPU (bench/relay_cpu.py). A batch is
+# what this answer delivers in LOWAT_S at the rate it has come so far, at most RECV_LOWAT: a slow source's
+# bytes are still seen as they come (its liveness and its rate are judged by them: sourcing.py).
+RECV_LOWAT = 64 << 10
+LOWAT_S = 0.05
+
+
+def _wake_at(sock: socket.socket | None, nbytes: int) -> None:
+    """The kernel wakes this socket's reader once `nbytes` are waiting (or the peer closed, or it errs)."""
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, nbytes))
 
 
 async def _verified(ref: PieceRef, data: bytes) -> bool:
@@ -147,6 +162,8 @@ class PieceFetcher:
         chunks: list[bytes] = []
         first_at = now = time.monotonic()
         sent_from = None
+        transport = r.connection.transport if r.connection is not None else None
+        sock = transport.get_extra_info("socket") if transport is not None else None
         try:
             async for chunk in r.content.iter_chunked(RECV_CHUNK):
                 now = time.monotonic()
@@ -156,7 +173,12 @@ class PieceFetcher:
                 chunks.append(chunk)
                 if tr.got > ref.size:
                     break
+                # Never more than what is still to come from the kernel, or the piece's tail would wait for
+                # bytes that never come (what aiohttp has read already is in total_bytes).
+                rate = tr.got / (now - first_at) if now > first_at else 0.0
+                _wake_at(sock, min(int(rate * LOWAT_S), RECV_LOWAT, ref.size - r.content.total_bytes))
         finally:
+            _wake_at(sock, 1)  # the connection goes back to the pool: the next answer's headers wake us at once
             # Placement's evidence: how long it was sending, not holding (None: no way to tell).
             if chunks:
                 sent_from = sending_started(tr.answered_at, first_at, now, len(chunks[0]), tr.got)
