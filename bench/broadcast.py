@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.broadcast_netns import finish_row  # noqa: E402  (the table's rows, as --netns fills them)
-from bench.broadcast_shardcast import read_lines, run_shardcast, rusage_cpu, sc_role  # noqa: E402
+from bench.broadcast_shardcast import read_lines, run_shardcast, rusage_cpu, sc_role, stop_all  # noqa: E402
 
 MiB = 1 << 20
 
@@ -123,12 +123,7 @@ async def run_ours(mode: str, n: int, size: int, rate: float, piece: int, trees:
         T = max(done.values()) - t0
         first = min(done.values()) - t0
         own = rusage_cpu(resource.getrusage(resource.RUSAGE_SELF)) - rusage_cpu(cpu_t0)
-        for p in procs:
-            p.stdin.write(b"stop\n")
-            await p.stdin.drain()
-        for p in procs:
-            await asyncio.wait_for(p.wait(), 20)
-        await asyncio.sleep(0.1)
+        await stop_all(procs)
         worker_cpu = sum(float(s.split()[1]) for sink in lines for s in sink if s.startswith("CPU ")) - sum(
             float(s.split()[1]) for sink in lines for s in sink if s.startswith("CPU0 "))
         for i in range(n):

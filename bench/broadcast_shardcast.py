@@ -23,6 +23,16 @@ def rusage_cpu(ru) -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+async def stop_all(procs: list[asyncio.subprocess.Process]) -> None:
+    """Tell each role process to stop (a line on its stdin: it prints its CPU and exits) and wait for all."""
+    for p in procs:
+        p.stdin.write(b"stop\n")
+        await p.stdin.drain()
+    for p in procs:
+        await asyncio.wait_for(p.wait(), 20)
+    await asyncio.sleep(0.1)
+
+
 async def read_lines(proc: asyncio.subprocess.Process, sink: list[str]) -> None:
     assert proc.stdout
     async for line in proc.stdout:
@@ -172,12 +182,7 @@ async def run_shardcast(n: int, size: int, rate: float, tmp: Path, timeout: floa
             await asyncio.sleep(0.05)
         t0 = float(next(s for s in osink if s.startswith("T0")).split()[1])
         T = max(float(s.split()[2]) for s in csink if s.startswith("DONE")) - t0
-        for p in procs:
-            p.stdin.write(b"stop\n")
-            await p.stdin.drain()
-        for p in procs:
-            await asyncio.wait_for(p.wait(), 20)
-        await asyncio.sleep(0.1)
+        await stop_all(procs)
         cpu = sum(float(s.split()[1]) for sink in lines for s in sink if s.startswith("CPU "))
         for i in range(n):
             if (root / "clients" / f"c{i}" / "file.bin").read_bytes() != src.read_bytes():
