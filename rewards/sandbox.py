@@ -177,6 +177,7 @@ class _Resident:
         except OSError as e:
             raise SandboxUnavailable(f"could not start bwrap: {e}") from e
         self.buf = bytearray()
+        self.ended = False  # its output closed: the sandbox is gone (its process may not be reaped yet)
         if not self.usable(30.0):
             self.close()
             raise SandboxUnavailable("the sandbox's runner did not start (bwrap or /usr/bin/python3 failed)")
@@ -190,6 +191,7 @@ class _Resident:
                 return None
             chunk = os.read(fd, 1 << 16)
             if not chunk:
+                self.ended = True
                 return None
             self.buf += chunk
         n = self.buf.index(sep) + 1 if isinstance(sep, bytes) else sep
@@ -218,14 +220,14 @@ class _Resident:
         deadline = time.monotonic() + limits.wall_s + 2.0  # the runner's own clock, plus its clean-up
         line = self._read_until(b"\n", deadline)
         if line is None:
-            return "timeout" if self.p.poll() is None else "killed"
+            return "killed" if self.ended else "timeout"
         try:
             head = msgspec.json.decode(line, type=dict[str, int | bool])
             body = self._read_until(int(head["out"]) + int(head["err"]), deadline)
         except (msgspec.DecodeError, KeyError, ValueError):
             return "killed"
         if body is None:
-            return "timeout" if self.p.poll() is None else "killed"
+            return "killed" if self.ended else "timeout"
         return head, body[: head["out"]], body[head["out"]:]
 
     def close(self) -> None:
