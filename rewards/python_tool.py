@@ -85,8 +85,8 @@ class PythonEnv(ToolEnv):
         super().__init__("python", [globals()["python"]], rubric, max_turns, params, tool_format, system_prompt)
         self.eval_share, self.python_version = eval_share, python
         # A program's output, by its text: a run that exits is a pure function of the program (that is the
-        # environment's contract), and a group's episodes often write the same one; a sandbox start costs
-        # tens of milliseconds. Runs stopped by a limit depend on timing: never kept.
+        # environment's contract), and a group's episodes often write the same one; a run costs its program's
+        # time and ~1.5 ms more (rewards/sandbox.py). Runs stopped by a limit depend on timing: never kept.
         self.results: dict[str, tuple[str, bool]] = {}
 
     def run_tool(self, call: ToolCall) -> tuple[str, bool]:
