@@ -214,6 +214,11 @@ def run_row(design: str, n: int, args: argparse.Namespace, tmp: Path, timeout: f
         bypasses = sum(int(f[3]) for p in receivers if len(f := p.has("DONE").split()) > 3)
         for p in everyone:
             p.send("stop")
+        # Let the receivers finish stopping (they print their CPU last; a profiled one dumps its profile
+        # first: bench/relay_cpu.py) before the lab tears their hosts down.
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not all(p.has("CPU ") for p in receivers):
+            time.sleep(0.05)
         got = [_received(design, root, i) for i in range(n)]
         want = (root / "origin" / "v1" / "model.safetensors") if design != "shardcast" else root / "model.bin"
         if any(g != want.read_bytes() for g in got):
