@@ -122,8 +122,9 @@ def cherry_power(sampler: Sampler, task, group_size: int, ks: list[int], ms: lis
 
 
 def tree_rows(root: Path, which: str = "all") -> list[dict]:
-    """`which`: 'all', 'issue29' (only issue 29's attacks: keys that pass the origin's checks), or
-    'issue29-smart' (the same keys, smarter: they earn the origin's proof as leaves)."""
+    """`which`: 'all', 'issue29' (only issue 29's attacks: keys that pass the origin's checks),
+    'issue29-smart' (the same keys, smarter: they earn the origin's proof as leaves) or 'issue29-trusted'
+    (the smart keys against honest relays the trainer calls established)."""
     import asyncio
 
     from tests.adversarial.tree_attacks import issue29_rows, issue29_smart_rows, run_all, stallers_first
@@ -132,8 +133,9 @@ def tree_rows(root: Path, which: str = "all") -> list[dict]:
     if which == "all":
         rows = asyncio.run(run_all(root / "tree"))
         rows.append(asyncio.run(stallers_first(root / "tree-first")))
-    rows += asyncio.run(issue29_rows(root / "tree-29")) if which != "issue29-smart" else []
+    rows += asyncio.run(issue29_rows(root / "tree-29")) if which in ("all", "issue29") else []
     rows += asyncio.run(issue29_smart_rows(root / "tree-29s")) if which == "issue29-smart" else []
+    rows += asyncio.run(issue29_smart_rows(root / "tree-29t", trusted=True)) if which == "issue29-trusted" else []
 
     def s(x: float | None, w: int) -> str:  # None: a version did not reach every honest relay in time
         return f"{'stopped':>{w}}" if x is None else f"{x:>{w}.2f}"
@@ -167,6 +169,8 @@ def main() -> int:
                     "origin's checks: false reports, slow-loris, credit from friends; and leeching)")
     ap.add_argument("--tree-issue29-smart", action="store_true", help="the same keys, smarter: as leaves they "
                     "serve every request (only the origin asks a leaf), so they earn the origin's proof")
+    ap.add_argument("--tree-issue29-trusted", action="store_true", help="the smart keys against honest relays "
+                    "the trainer calls established (their keys trusted, as its own nodes are)")
     ap.add_argument("--episodes", action="store_true", help="also the attacks on multi-turn work (calculator)")
     ap.add_argument("--episodes-only", action="store_true", help="only the attacks on multi-turn work")
     ap.add_argument("--honest-episodes", type=int, default=2000, help="honest episodes to check for false positives")
@@ -184,8 +188,10 @@ def main() -> int:
         if args.json:
             Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode({"episodes": res})))
         return 0 if episodes_ok(res) else 1
-    if args.tree_only or args.tree_issue29 or args.tree_issue29_smart:
-        rows = tree_rows(root, "issue29-smart" if args.tree_issue29_smart else "issue29" if args.tree_issue29 else "all")
+    if args.tree_only or args.tree_issue29 or args.tree_issue29_smart or args.tree_issue29_trusted:
+        which = ("issue29-trusted" if args.tree_issue29_trusted else "issue29-smart" if args.tree_issue29_smart
+                 else "issue29" if args.tree_issue29 else "all")
+        rows = tree_rows(root, which)
         if args.json:
             Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode({"tree": rows})))
         return 0 if all(r["honest_banned"] + r["honest_evicted"] + r["honest_demoted"] == 0 for r in rows) else 1

@@ -10,13 +10,16 @@ leaf always can) and then:
   friends  send their children nothing, and say in every heartbeat they received each other's pieces at
            12.5 GB/s (what placement reads)
   loris    send everyone 32 KiB/s (their uplink), as bench/slow_relay.py --slow
+`--churn C`: during each version C*N/2 honest peers leave (half post /leave, half die) and C*N/2 new
+honest ones arrive, at uniform times in the version's first CHURN_SPAN_S seconds (as bench/tree_sim.py).
 Prints, per attack and for the same swarm unattacked (all K honest), when each version reached the last
-honest peer, the ratio, and the honest relays ever demoted.
+honest peer present, the ratio, and the honest relays ever demoted.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from pathlib import Path
 
@@ -29,15 +32,17 @@ from broadcast.messages import PeerHeartbeat, Received, Report  # noqa: E402
 
 MiB = 1 << 20
 ATTACKS = ("liars", "friends", "loris")
+CHURN_SPAN_S = 4.0  # about half an unattacked version at the defaults
 
 
-def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, versions: int) -> dict:
+def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, versions: int,
+        churn: float = 0.0) -> dict:
     sim = Sim()
     sw = Swarm(sim, Host("origin", rate, float("inf"), 0.0005), OriginConfig(heartbeat_s=1.0),
                PeerConfig(stall_timeout=60.0), piece, probes=False)
     peers = [sw.new_peer(i, Host(f"p{i}", rate, float("inf"), 0.0005)) for i in range(n)]
     for i, p in enumerate(peers):
-        sim.at(0.01 * i, sw.arrive, p)  # join order: the attackers first, at the top of the trees
+        sim.at(0.5 * i / n, sw.arrive, p)  # join order: the attackers first (all joined before 0.9 s)
     bad = peers[:k] if attack else []
     honest = [p for p in peers if p not in bad]
     t = sw.origin.tracker
@@ -69,11 +74,19 @@ def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, 
     sim.at(1.0, tick)
     sw.on_all_done = lambda: setattr(sim, "stopped", True)
     t0, took = 2.0, []
+    rng, moves = random.Random(7), int(churn * n / 2)
     for v in range(1, versions + 1):
         sim.stopped = False
         sim.at(t0, sw.publish, v, size)
+        for j, p in enumerate(rng.sample([p for p in honest if p.host.alive], moves)):
+            sim.at(t0 + rng.uniform(0, CHURN_SPAN_S), sw.depart, p, j % 2 == 0)
+        for _ in range(moves):
+            p = sw.new_peer(len(peers), Host(f"p{len(peers)}", rate, float("inf"), 0.0005))
+            peers.append(p)
+            honest.append(p)
+            sim.at(t0 + rng.uniform(0, CHURN_SPAN_S), sw.arrive, p)
         sim.run(until=t0 + 3600.0)
-        took.append(max(p.done_at.get(v, float("inf")) for p in honest) - t0)
+        took.append(max(p.done_at.get(v, float("inf")) for p in honest if p.host.alive) - t0)
         t0 = sim.now + 1.0
     return {"took": took, "demoted": len(ever_demoted), "reports": dict(sw.reports)}
 
@@ -87,17 +100,18 @@ def main() -> None:
     ap.add_argument("--rate-mbit", type=float, default=20.0)
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--attack", nargs="+", default=list(ATTACKS), choices=ATTACKS)
+    ap.add_argument("--churn", type=float, default=0.0, help="share of N that leaves and arrives each version")
     args = ap.parse_args()
     k = args.attackers or args.n // 3
     size, rate = int(args.size_mib * MiB), args.rate_mbit * 1e6 / 8
     print(f"N = {args.n}, K = {k} attackers (the first to join), S = {args.size_mib} MiB, B = {args.rate_mbit} "
-          f"Mbit/s, S/B = {size / rate:.1f} s, {args.versions} versions; seconds until the last honest peer "
-          "held each version")
-    base = run(args.n, k, size, piece := args.piece_kib << 10, rate, None, args.versions)
+          f"Mbit/s, S/B = {size / rate:.1f} s, {args.versions} versions, churn {args.churn:.0%}; seconds until "
+          "the last honest peer present held each version")
+    base = run(args.n, k, size, piece := args.piece_kib << 10, rate, None, args.versions, args.churn)
     print(f"{'attack':<10} {'per version (s)':<28} {'x unattacked':<24} honest demoted")
     print(f"{'none':<10} {str([round(x, 1) for x in base['took']]):<28} {'':<24} {base['demoted']}")
     for attack in args.attack:
-        r = run(args.n, k, size, piece, rate, attack, args.versions)
+        r = run(args.n, k, size, piece, rate, attack, args.versions, args.churn)
         ratio = [round(a / b, 2) for a, b in zip(r["took"], base["took"], strict=True)]
         print(f"{attack:<10} {str([round(x, 1) for x in r['took']]):<28} {str(ratio):<24} {r['demoted']}  "
               f"reports {r['reports']}", flush=True)

@@ -65,6 +65,7 @@ class PieceFetcher:
         while True:
             if self.tracker.evicted:
                 raise Evicted(self.tracker.evicted)
+            self.book.on_trial = self.tracker.on_trial
             outcome = await self.race(st, index, self.book.chain(self.tracker.relays(tree), time.monotonic()))
             if outcome == "ok":
                 return

@@ -17,22 +17,28 @@ from .layout import Layout, join_order_layout
 from .messages import ORIGIN, Received
 from .peer_rec import PeerRec
 from .placement import Candidate, UploadMeter, measured_layout
+from .trials import Trials
 
 Parents = list[dict[str, str | None]]
 Children = list[dict[str | None, list[str]]]
 
 
 class Forest:
-    def __init__(self, peers: dict[str, PeerRec], trees: int, fanout: int, ranked: Callable[[PeerRec], bool],
+    def __init__(self, peers: dict[str, PeerRec], trees: int, fanout: int, tier: Callable[[PeerRec], int],
                  order_key: bytes | None = None):
-        """`peers`: the tracker's members (shared, not copied); `ranked`: placed above fresh keys;
+        """`peers`: the tracker's members (shared, not copied); `tier`: 2 placed above the rest, 1 on trial
+        (a few places low in the trees to earn standing in), 0 a leaf once uplinks are measured (tracker.tier);
         `order_key`: keys the order members are laid out in (None: a secret of this process's own; b"": the
         join order itself, for tests and simulated scenarios that put a chosen peer at the top)."""
-        self.peers, self.k, self.fanout, self.ranked = peers, trees, fanout, ranked
+        self.peers, self.k, self.fanout, self.tier = peers, trees, fanout, tier
         self.order_key = secrets.token_bytes(16) if order_key is None else order_key
         self.layout: Layout | None = None  # this version's trees; None: lay out afresh
         self.uploads = UploadMeter()  # placement: children's reports of what each source uploaded
+        self.trials = Trials()  # relays on trial: keys earning standing (trials.py)
         self.latest: int | None = None  # the newest version, as the origin last said
+
+    def ranked(self, rec: PeerRec) -> bool:
+        return self.tier(rec) == 2
 
     def _ranked_id(self, peer_id: str | None) -> bool:
         rec = self.peers.get(peer_id) if peer_id is not None else None
@@ -85,7 +91,7 @@ class Forest:
                 self.layout = self._measured(ordered)
             else:
                 self.layout = join_order_layout(
-                    [(p.peer_id, p.group if p.interior_capable else None, self.ranked(p)) for p in ordered],
+                    [(p.peer_id, p.group if p.interior_capable else None, self.tier(p)) for p in ordered],
                     self.k, self.fanout)
         return self.layout.topology()
 
@@ -121,11 +127,17 @@ class Forest:
     def _measured(self, ordered: list[PeerRec]) -> Layout:
         """Peers with standing (or a measured uplink) are laid out by uplink; fresh keys are leaves in the
         spare places: they may not size the trees (24 fresh relays that never downloaded made the honest
-        relays' tree nearly a star, and their versions 2.8x slower)."""
+        relays' tree nearly a star, and their versions 2.8x slower). A few relays on trial (trials.py) take
+        places below the measured relays, where receivers who vouch can confirm what they send."""
         up = self.uploads
         sized = {p.peer_id for p in ordered if self.ranked(p) or p.url in up.placed}
+        flying = self.latest if self.in_flight() else None
+        self.trials.judge(self.peers, flying)
+        trial = self.trials.pick(ordered, self.tier, self.group_sizes(), sized, self.latest)
+        sized |= trial
         keep, fresh = [p for p in ordered if p.peer_id in sized], [p for p in ordered if p.peer_id not in sized]
-        cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, up.uplink(p.url) if p.url else None)
+        cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, up.uplink(p.url) if p.url else None,
+                           trial=p.peer_id in trial)
                  for p in keep]
         group, parents, children, caps = measured_layout(cands, self.k, self.fanout,
                                                          up.placed.get(ORIGIN), len(fresh))
@@ -134,6 +146,8 @@ class Forest:
         layout = Layout(parents, children, caps)
         for p in fresh:
             layout.add(p.peer_id, self._ranked_id)
+        self.trials.started(trial, self.peers, lambda pid: any(
+            self._ranked_id(c) for kids in layout.children for c in kids.get(pid, ())), flying)
         return layout
 
     def sources(self, peer_id: str) -> list[list[str]]:

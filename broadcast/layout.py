@@ -109,14 +109,16 @@ class Layout:
         return True
 
 
-def join_order_layout(peers: list[tuple[str, int | None, bool]], trees: int, fanout: int) -> Layout:
+def join_order_layout(peers: list[tuple[str, int | None, int]], trees: int, fanout: int) -> Layout:
     """The layout before any uplink is measured: per tree, its group's relays in the order given as an f-ary
-    heap, those with standing on top. `peers`: (peer_id, group if it may be interior, ranked), in the
-    forest's order (forest.Forest._order: a keyed shuffle of the join order)."""
+    heap, those placed above the rest (tier 2) on top, then the others' own heap, tier 1 before 0.
+    `peers`: (peer_id, group if it may be interior, tier: forest.Forest.tier), in the forest's order
+    (forest.Forest._order: a keyed shuffle of the join order)."""
     parents: list[Parents] = []
     children: list[Children] = []
     caps: list[dict[str | None, int]] = []
-    ranked = {pid for pid, _, r in peers if r}
+    ranked = {pid for pid, _, tier in peers if tier == 2}
+    on_trial = {pid for pid, _, tier in peers if tier == 1}
     for t in range(trees):
         par: Parents = {}
         kids: Children = collections.defaultdict(list)
@@ -130,14 +132,17 @@ def join_order_layout(peers: list[tuple[str, int | None, bool]], trees: int, fan
 
         interior = [pid for pid, group, _ in peers if group == t]
         top = [pid for pid in interior if pid in ranked]
-        trial = [pid for pid in interior if pid not in ranked]
+        trial = sorted((pid for pid in interior if pid not in ranked), key=lambda q: q not in on_trial)
         for j, pid in enumerate(top):
             attach(pid, None if j == 0 else top[(j - 1) // fanout])
         top_slots = free(top)
         k = 0
-        for pid, _, r in peers:  # leaves with standing first, in the places under peers with standing
-            if pid not in par and r:
-                attach(pid, top_slots[k] if k < len(top_slots) else None)
+        for pid, _, tier in peers:  # leaves with standing first, in the places under peers with standing
+            if pid not in par and tier == 2:
+                # None full: the one with the fewest children takes it, not the origin (a second child of
+                # the origin's in a tree halves what the tree's top receives; bench/tree_attacks_sim.py).
+                spare = top_slots[k] if k < len(top_slots) else min(top, key=lambda q: len(kids[q]), default=None)
+                attach(pid, spare)
                 k += 1
         # Fresh relays: a heap of their own, hung from the places left (the origin's when none are).
         left = top_slots[k:]
@@ -145,7 +150,7 @@ def join_order_layout(peers: list[tuple[str, int | None, bool]], trees: int, fan
         for j, pid in enumerate(trial):
             attach(pid, roots[j] if j < len(roots) else trial[(j - len(roots)) // fanout])
         places = iter([*left[len(trial):], *free(trial)])
-        for pid, _, _ in peers:
+        for pid, _, _ in sorted(peers, key=lambda p: -p[2]):  # on trial before fresh: the shallower places
             if pid not in par:
                 attach(pid, next(places, None))  # None: no free place left, the origin takes it
         parents.append(par)

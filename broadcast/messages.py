@@ -70,11 +70,15 @@ class TreeSources(msgspec.Struct):
     latest: int | None
     sources: list[list[str]]
     reachable: bool | None = None  # the tracker's current view of this peer's relay
-    tag: str = ""  # names `sources`
+    tag: str = ""  # names `sources` and `low`
+    low: list[str] = []  # addresses of the members below us not first in line (broadcast/uplink_share.py)
+    trial: list[str] = []  # which of `sources` are on trial (broadcast/trials.py)
 
     def for_peer(self, held_tag: str) -> TreeSources:
-        tag = hashlib.blake2b(msgspec.json.encode(self.sources), digest_size=8).hexdigest()
-        return TreeSources(self.latest, [] if tag == held_tag else self.sources, self.reachable, tag)
+        tag = hashlib.blake2b(msgspec.json.encode([self.sources, self.low, self.trial]), digest_size=8).hexdigest()
+        if tag == held_tag:
+            return TreeSources(self.latest, [], self.reachable, tag)
+        return TreeSources(self.latest, self.sources, self.reachable, tag, self.low, self.trial)
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):
@@ -135,6 +139,7 @@ class PeerView(msgspec.Struct):
     demoted: bool = False
     uplink: float | None = None  # bytes/s placement uses: what its children measured, else the origin's probe
     uplink_probed: bool = False  # the figure is the origin's probe (broadcast/uplink_probe.py)
+    tier: int = 0  # 2 above the rest, 1 on trial (broadcast/trials.py), 0 a leaf once uplinks are measured
 
 
 class Banned(msgspec.Struct):

@@ -30,6 +30,7 @@ from .serving import Turns
 from .store import VersionState
 from .tracker import Tracker
 from .uplink_probe import UPLINKS_FILE, UplinkProber
+from .uplink_share import UplinkShare
 
 log = logging.getLogger("broadcast.origin")
 
@@ -64,6 +65,7 @@ class Origin:
         self.closing = False
         self.order: dict[int, InOrderRelease] = {}  # per version: its pieces leave about in order
         self.turns = Turns()  # serving.py: a child's requests take turns
+        self.share = UplinkShare(time.monotonic)  # members with standing are sent to first (uplink_share.py)
 
     @property
     def url(self) -> str:

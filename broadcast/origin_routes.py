@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .serving import Turns
     from .tracker import Tracker
     from .uplink_probe import UplinkProber
+    from .uplink_share import UplinkShare
 
 log = logging.getLogger("broadcast.origin")
 
@@ -61,6 +62,7 @@ class Served(Protocol):
     full_dirs: dict[int, Path]
     order: dict[int, InOrderRelease]
     turns: Turns
+    share: UplinkShare
     limiter: RateLimiter
     new_version: asyncio.Condition
     closing: bool
@@ -269,12 +271,17 @@ class OriginRoutes:
         version = parse_int(request.match_info["version"], MAX_VERSION, "version")
         index = request.match_info["index"]
         self._members_only(request, piece_name(version, index))
-        order = self.origin.order.get(version)
+        # Admitted: a member (its pass checked) or a stranger's trial; only members placed above the rest
+        # are sent to first (uplink_share.py).
+        o, t = self.origin, self.origin.tracker
+        first = t is None or t.first_in_line(request.headers.get(PEER_HEADER, ""))
+        on_sent, pace = (o.share.first_sent, None) if first else (None, o.share.low_sent)
+        order = o.order.get(version)
         if order is None or not index.isdigit() or int(index) >= len(order.sent):
-            return await serve_piece(request, lookup, self.origin.limiter, self.origin.cfg.piece_wait_s, self.origin.turns, self.origin.trees)
+            return await serve_piece(request, lookup, o.limiter, o.cfg.piece_wait_s, o.turns, o.trees, on_sent, pace)
         await order.wait_turn(int(index))
         try:
-            return await serve_piece(request, lookup, self.origin.limiter, self.origin.cfg.piece_wait_s, self.origin.turns, self.origin.trees)
+            return await serve_piece(request, lookup, o.limiter, o.cfg.piece_wait_s, o.turns, o.trees, on_sent, pace)
         finally:
             await order.sent_one(int(index))
 

@@ -30,6 +30,7 @@ class PeerRec:
     confirmed: dict[str, int] = field(default_factory=dict)  # child key (with standing) -> bytes received
     rechecked: float = 0.0  # when the origin last connected back to it (unreachable relays are re-checked)
     given: dict[str, float] = field(default_factory=dict)  # source URLs it was given: when last
+    addr: str = ""  # the address its join came from: its parents tell its requests by it (uplink_share.py)
 
     @property
     def interior_capable(self) -> bool:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import msgspec
 
+from .trials import TRIAL_CHILDREN
+
 log = logging.getLogger("broadcast.placement")
 MIN_BYTES = 16 << 10  # smaller reports say more about latency than about bandwidth
 MIN_SECONDS = 0.005
@@ -38,6 +40,7 @@ class Candidate:
     capable: bool  # may be interior (relays, reachable, not demoted)
     group: int | None  # the tree the join code put it in
     uplink: float | None  # bytes/s measured, None if not yet
+    trial: bool = False  # on trial (trials.py): below the others, never the origin's child, TRIAL_CHILDREN at most
 
 
 class UploadMeter:
@@ -168,7 +171,7 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     newcomers = [c for c in cands if c.capable and not c.uplink and c.group is not None]
     # Relays not measured yet take `fanout` children, whatever r is: their places count (without them,
     # r fell until the origin alone had room for everyone, a star in which they could never be measured).
-    fixed = [fanout * sum(c.group == t for c in newcomers) for t in range(trees)]
+    fixed = [sum(TRIAL_CHILDREN if c.trial else fanout for c in newcomers if c.group == t) for t in range(trees)]
     # The layout fills places at the rate r that fits everyone; repairs may fill up to the places at the
     # lower rate that fits 10% more (a relay with spare places gives its children more than r meanwhile).
     r = _rate_target(per_tree, len(cands), origin_per_tree, cap, fixed)
@@ -181,16 +184,17 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
             group[c.peer_id] = None  # too slow to give even one child the target rate: a leaf everywhere
     for c in newcomers:
         group[c.peer_id] = c.group
-        slots[c.peer_id] = room[c.peer_id] = fanout
+        slots[c.peer_id] = room[c.peer_id] = TRIAL_CHILDREN if c.trial else fanout
     origin_slots = max(1, int(origin_per_tree // r)) if origin_per_tree else 1
     origin_room = max(1, int(origin_per_tree // r_room)) if origin_per_tree else 1
     parents: list[dict[str, str | None]] = []
     children: list[dict[str | None, list[str]]] = []
     caps: list[dict[str | None, int]] = []
     for t in range(trees):
-        inner = [c.peer_id for c in measured if group[c.peer_id] == t] + [
-            c.peer_id for c in newcomers if group[c.peer_id] == t]
-        par, kids = _one_tree(inner, [c.peer_id for c in cands], slots, origin_slots)
+        first = [c.peer_id for c in measured if group[c.peer_id] == t] + [
+            c.peer_id for c in newcomers if group[c.peer_id] == t and not c.trial]
+        inner = first + [c.peer_id for c in newcomers if group[c.peer_id] == t and c.trial]
+        par, kids = _one_tree(inner, [c.peer_id for c in cands], slots, origin_slots, len(first))
         parents.append(par)
         children.append(kids)
         cap: dict[str | None, int] = {c.peer_id: 0 for c in cands}
@@ -200,20 +204,26 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     return group, parents, children, caps
 
 
-def _one_tree(inner: list[str], everyone: list[str], slots: dict[str, int], origin_slots: int):
-    """Breadth first from the origin: interior peers in the order given (fastest first), then the rest."""
+def _one_tree(inner: list[str], everyone: list[str], slots: dict[str, int], origin_slots: int,
+              n_first: int | None = None):
+    """Breadth first from the origin: interior peers in the order given (fastest first), then the rest.
+    Relays on trial (`inner` after the first `n_first`) take no place of the origin's while a relay has one."""
     par: dict[str, str | None] = {}
     kids: dict[str | None, list[str]] = collections.defaultdict(list)
     free: collections.deque[list] = collections.deque([[None, origin_slots]])
     n_inner = len(inner)
+    n_first = n_inner if n_first is None else n_first
     for j, pid in enumerate([*inner, *everyone]):
         if pid in par:
             continue
         while free and free[0][1] == 0:
             free.popleft()
-        parent = free[0][0] if free else None  # no room left: the origin takes it
-        if free:
-            free[0][1] -= 1
+        place = free[0] if free else None
+        if place is not None and place[0] is None and n_first <= j < n_inner:
+            place = next((f for f in free if f[0] is not None and f[1] > 0), place)
+        parent = place[0] if place else None  # no room left: the origin takes it
+        if place:
+            place[1] -= 1
         par[pid] = parent
         kids[parent].append(pid)
         if j < n_inner:  # an interior peer opens its own places for those after it

@@ -7,6 +7,7 @@ signed manifest of a version held here), /reach (the tracker's connect-back: our
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -22,6 +23,7 @@ from .ratelimit import RateLimiter
 from .serving import MAX_VERSION, Turns, parse_int, serve_piece
 from .tracker_client import TrackerClient
 from .uplink_probe import PROBE_PATH, ProbeServer
+from .uplink_share import UplinkShare
 
 
 class RelayServer:
@@ -32,6 +34,7 @@ class RelayServer:
         self.turns = Turns()  # a child's requests take turns (serving.py)
         self.served_bytes = 0
         self.probe = ProbeServer(self.limiter, lambda: tracker.token)
+        self.share = UplinkShare(time.monotonic)  # children with standing are sent to first
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=4096)
@@ -63,9 +66,6 @@ class RelayServer:
             raise web.HTTPNotFound(text=f"version {version} not held here")
         return web.Response(body=encode_manifest(st.manifest), content_type="application/json")
 
-    def _sent(self, n: int) -> None:
-        self.served_bytes += n
-
     async def _piece(self, request: web.Request) -> web.StreamResponse:
         if self.tracker.evicted:
             raise web.HTTPNotFound(text="evicted")
@@ -73,5 +73,17 @@ class RelayServer:
         async def lookup(version: int):
             return await self.downloads.lookup(version, self.follow())
 
+        # The tracker names the members below us that are not first in line, by address (uplink_share.py).
+        if (request.remote or "") not in self.tracker.low:
+            return await serve_piece(request, lookup, self.limiter, self.cfg.hold_s, self.turns,
+                                     self.tracker.trees, self._sent_first)
         return await serve_piece(request, lookup, self.limiter, self.cfg.hold_s, self.turns, self.tracker.trees,
-                                 self._sent)
+                                 None, self._pace_low)
+
+    def _sent_first(self, n: int) -> None:
+        self.served_bytes += n
+        self.share.first_sent(n)
+
+    def _pace_low(self, n: int) -> float:
+        self.served_bytes += n
+        return self.share.low_sent(n)

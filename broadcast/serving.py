@@ -62,7 +62,9 @@ async def serve_piece(
     turns: Turns,
     trees: int,
     on_sent: Callable[[int], None] | None = None,
+    pace: Callable[[int], float] | None = None,
 ) -> web.StreamResponse:
+    """`pace`: told each slice sent, says how long to wait before the next (uplink_share.py)."""
     version = parse_int(request.match_info["version"], MAX_VERSION, "version")
     st = await lookup(version)
     if st is None:
@@ -87,7 +89,7 @@ async def serve_piece(
     _low_unsent(request)
     try:
         async with turns.turn(child, index, trees, wait_timeout):
-            await _send(resp, st, index, limiter, on_sent)
+            await _send(resp, st, index, limiter, on_sent, pace)
     except FileNotFoundError:
         # Retention removed it mid-send; the child sees a short body and goes elsewhere.
         log.info("v%d piece %d vanished while serving", version, index)
@@ -110,14 +112,16 @@ def _low_unsent(request: web.Request) -> None:
 
 
 async def _send(resp: web.StreamResponse, st: VersionState, index: int, limiter: RateLimiter,
-                on_sent: Callable[[int], None] | None) -> None:
+                on_sent: Callable[[int], None] | None, pace: Callable[[int], float] | None) -> None:
     for chunk in st.read_chunks(index):
         # Under an upload limit, in slices at the limit's pace, as a link delivers them: a child times our
         # uplink by its bytes' arrival (receive_meter.py), and a whole piece at once would be a burst.
-        step = PACE_SLICE if limiter.rate else len(chunk)
+        step = PACE_SLICE if limiter.rate or pace else len(chunk)
         for k in range(0, len(chunk), step):
             part = chunk[k:k + step]
             await limiter.acquire(len(part))
             await resp.write(part)
             if on_sent:
                 on_sent(len(part))
+            if pace and (wait := pace(len(part))) > 0:
+                await asyncio.sleep(wait)

@@ -71,6 +71,7 @@ class SourceBook:
         self.received: dict[str, int] = {}  # per source: verified bytes since start (standing's evidence)
         self.meter = ReceiveMeter()  # per source: what came and how long it took (placement's evidence)
         self.silences: dict[str, int] = {}  # per source: races it was silent through since it last delivered
+        self.on_trial: frozenset[str] = frozenset()  # our sources on trial (broadcast/trials.py), as the tracker says
 
     # -- which source ----------------------------------------------------------------------------------
     def chain(self, relays: list[str], now: float) -> list[str]:
@@ -164,11 +165,13 @@ class SourceBook:
         times a version at N = 32); and, whatever bytes came, once this piece has taken IDLE_ROUNDS^2 usual
         latencies (before any latency is known, the stall timeout): a relay that trickles held its whole
         subtree back (docs/tree-simulation.md). And one byte is not progress: a source whose bytes come far
-        slower than our pieces usually do (`pace`) is gone around too (issue 29: slow-loris)."""
+        slower than our pieces usually do (`pace`) is gone around too (issue 29: slow-loris). A source on
+        trial (placed over us to be judged, trials.py) gets one usual latency where others get IDLE_ROUNDS."""
         deadline = self.deadline()
+        rounds = 1 if tr.src in self.on_trial else IDLE_ROUNDS
         if not tr.answered:
             return max(0.0, max(tr.started, self.last_heard.get(tr.src, 0.0)) + deadline - now)
-        usual = self.cfg.stall_timeout if self.latency_s is None else IDLE_ROUNDS ** 2 * self.latency_s
+        usual = self.cfg.stall_timeout if self.latency_s is None else rounds ** 2 * self.latency_s
         cap = tr.started + max(deadline, usual)
         if now >= cap:
             return 0.0
@@ -179,9 +182,9 @@ class SourceBook:
         since, count = max((tr.started, tr.pieces_at_start), self.last_bytes.get(tr.src, (0.0, 0)))
         if (left := since + deadline - now) > 0:  # never sooner than had it not answered
             return min(left, cap - now, pace)
-        if self.pieces_in - count >= IDLE_ROUNDS * self.trees:
+        if self.pieces_in - count >= rounds * self.trees:
             return 0.0
-        limit = self.cfg.stall_timeout if self.latency_s is None else IDLE_ROUNDS * self.latency_s
+        limit = self.cfg.stall_timeout if self.latency_s is None else rounds * self.latency_s
         left = min(since + limit, cap) - now
         return 0.0 if left <= 0 else min(left, POLL_S, pace)
 

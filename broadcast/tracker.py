@@ -27,6 +27,7 @@ from .standing import Clock, ManualClock, Standing
 __all__ = ["PeerRec", "Tracker", "TrackerError"]
 GIVEN_S = 120.0  # a source given to a member counts as one it may have received from for this long
 MAX_GIVEN = 256  # sources remembered per member
+MAX_LOW = 256  # addresses in TreeSources.low
 
 
 class Tracker:
@@ -51,7 +52,7 @@ class Tracker:
         self.events: collections.deque[str] = collections.deque(maxlen=200)
         self._seq = 0
         self._vouching = (float("-inf"), False)  # (when looked, whether any member vouches)
-        self.forest = Forest(self.peers, trees, fanout, self._ranked, order_key)
+        self.forest = Forest(self.peers, trees, fanout, self.tier, order_key)
 
     # -- what standing.py decides, and what the layout does about it ---------------------------------------
     trusted = property(lambda self: self.standing.trusted)
@@ -114,6 +115,21 @@ class Tracker:
     def _ranked(self, rec: PeerRec) -> bool:
         return self.standing.ranked(rec.key)
 
+    def tier(self, rec: PeerRec) -> int:
+        """Where the layout puts it (forest.py): 2 above the rest, 1 on trial (a few interior places, low in
+        the trees, to earn standing), 0 a leaf. While any member vouches, only those who do are above: keys
+        holding the origin's one-piece proof alone (which an attacker passes) are on trial; laid out above
+        the honest relays they made every version after the first 2x slower (bench/tree_attacks_sim.py).
+        Where nobody vouches (strangers alone), keys with that proof are above and fresh keys are leaves."""
+        ranked = self._ranked(rec)
+        return 2 if (self.vouches(rec) if self._any_vouching() else ranked) else int(ranked)
+
+    def first_in_line(self, peer_id: str) -> bool:
+        """Is an uplink this member's first (uplink_share.py)? While any member vouches, those who do; where
+        nobody vouches (strangers alone), every member: one piece shown to the origin buys no priority."""
+        rec = self.peers.get(peer_id)
+        return rec is not None and (not self._any_vouching() or self.vouches(rec))
+
     # -- membership -----------------------------------------------------------------------------------
     def check_admission(self, key: str, url: str | None) -> None:
         """Refusals that need no network: a banned key or address, a full tracker."""
@@ -153,7 +169,7 @@ class Tracker:
         relay = msg.relay and url is not None
         rec = PeerRec(secrets.token_hex(8), secrets.token_hex(16), msg.name[:64], url, relay, self._seq, key,
                       reachable=reachable if relay else None, reach_error=reach_error[:200],
-                      last_hb=self.clock.monotonic())
+                      last_hb=self.clock.monotonic(), addr=observed_host[:64])
         if rec.interior_capable:
             rec.group = self.forest.smallest_group()
         self.peers[rec.peer_id] = rec
@@ -222,7 +238,29 @@ class Tracker:
                 rec.given[url] = now  # re-inserted last: the bound forgets the oldest
         while len(rec.given) > MAX_GIVEN:
             del rec.given[next(iter(rec.given))]
-        return TreeSources(latest, sources, rec.reachable)
+        return TreeSources(latest, sources, rec.reachable, low=self.low_below(rec), trial=self._on_trial(sources))
+
+    def _on_trial(self, sources: list[list[str]]) -> list[str]:
+        """Which of these sources are on trial (tier 1: only a relay on trial is anyone's source)."""
+        return sorted({u for chain in sources for u in chain if (s := self.by_url(u)) is not None and self.tier(s) == 1})
+
+    def low_below(self, rec: PeerRec) -> list[str]:
+        """The addresses of the members below it (in every tree: those who may ask it, their parents' and
+        its own children) that are not first in line: it sends to them from what the others leave
+        (uplink_share.py). An address one of those others has too is left out: sharing an address with a
+        key that has standing costs that key nothing."""
+        if not rec.interior_capable or not self._any_vouching():  # nobody vouches: everyone is first
+            return []
+        _, children = self.topology()
+        low, first = set(), set()
+        for tree in children:
+            todo = list(tree.get(rec.peer_id, ()))
+            while todo and len(low) + len(first) < 4 * MAX_LOW:
+                pid = todo.pop()
+                todo.extend(tree.get(pid, ()))
+                if (below := self.peers.get(pid)) is not None and below.addr:
+                    (first if self.first_in_line(pid) else low).add(below.addr)
+        return sorted(low - first)[:MAX_LOW]
 
     def remove(self, peer_id: str, why: str) -> None:
         rec = self.peers.pop(peer_id, None)
@@ -259,6 +297,13 @@ class Tracker:
             self.forest.repair("make_leaf", peer_id)
             self.forest.rebalance()
             self.event(f"demote {peer_id} to leaf ({why})")
+
+    def end_trial(self, rec: PeerRec, why: str) -> None:
+        """A relay on trial (tier 1) that a receiver who vouches found stalling: a leaf again, and its trial
+        failed (trials.py). Nothing it had is lost: it had no standing above the fresh keys' own."""
+        self.forest.trials.fail(rec.key, self.forest.latest)
+        self.forest.repair("make_leaf", rec.peer_id)
+        self.count("trial_ended", f"trial of {rec.peer_id} {rec.name} ended ({why})")
 
     def reap(self) -> list[str]:
         now = self.clock.monotonic()
@@ -309,7 +354,8 @@ class Tracker:
                 key=p.key, reachable=p.reachable, reach_error=p.reach_error, standing=self.has_standing(p),
                 proven=p.key in self.proven, uploaded=p.uploaded, demoted=p.demoted,
                 uplink=self.uploads.uplink(p.url or ""),
-                uplink_probed=(p.url or "") not in self.uploads.placed and (p.url or "") in self.uploads.probed)
+                uplink_probed=(p.url or "") not in self.uploads.placed and (p.url or "") in self.uploads.probed,
+                tier=self.tier(p))
             for p in sorted(self.peers.values(), key=lambda p: p.seq)
         ]
         return TreeView(self.origin_url, self.trees, self.fanout, latest, versions,

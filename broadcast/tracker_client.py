@@ -72,6 +72,8 @@ class TrackerClient:
         self.heartbeat_s = 2.0
         self.sources: list[list[str]] = [[]]  # per tree: the relays above us, parent first
         self.sources_tag = ""  # the tracker's name for them: it sends them again only when they change
+        self.low: frozenset[str] = frozenset()  # addresses below us sent to after the others (uplink_share.py)
+        self.on_trial: frozenset[str] = frozenset()  # our sources on trial (trials.py): gone around sooner
         self.url: str | None = None  # as the tracker gives it to others
         self.observed_host = ""
         self.reachable: bool | None = None
@@ -155,6 +157,7 @@ class TrackerClient:
             raise msgspec.DecodeError(f"tracker sent an implausible config: {j}")
         self.peer_id, self.token, self.trees, self.heartbeat_s = j.peer_id, j.token, j.trees, j.heartbeat_interval
         self.sources, self.sources_tag = [[] for _ in range(self.trees)], ""
+        self.low = self.on_trial = frozenset()
         self.observed_host, self.url, self.reachable = j.observed_host, j.url, j.reachable
         log.info("joined %s as %s, key %s, seen from %s, %d trees", self.tracker_url, self.peer_id,
                  self.keypair.fingerprint, j.observed_host or "?", self.trees)
@@ -200,15 +203,20 @@ class TrackerClient:
             return
         try:
             a = decode(body, TreeSources)
-            if not a.sources and a.tag and a.tag == self.sources_tag:
+            unchanged = not a.sources and a.tag and a.tag == self.sources_tag
+            if unchanged:
                 a.sources = self.sources  # unchanged since the last heartbeat
             if len(a.sources) != self.trees or not all(
                     len(c) <= 64 and all(u.startswith("http://") and len(u) < 256 for u in c) for c in a.sources):
                 raise ValueError("malformed sources")
+            if len(a.low) > 256 or not all(0 < len(h) <= 64 for h in a.low) or len(a.trial) > 64:
+                raise ValueError("malformed low-priority addresses or relays on trial")
         except (msgspec.DecodeError, ValueError) as e:
             log.warning("bad assignment from tracker: %s", e)
             return
         self.sources, self.sources_tag = a.sources, a.tag[:32]
+        if not unchanged:
+            self.low, self.on_trial = frozenset(a.low), frozenset(u for chain in a.sources for u in chain if u in a.trial)
         if a.reachable is not None and a.reachable != self.reachable and self.url:
             self.reachable = a.reachable
             self._log_reach("the tracker checked again")

@@ -27,6 +27,8 @@ def render(tv: TreeView) -> str:
         held = ",".join(f"v{v}" for v in p.complete) or "-"
         prog = " ".join(f"v{v}:{n}pc" for v, n in p.progress.items())
         tags = [] if p.relay else ["no-relay" if p.reachable is not False else "download-only: not reachable"]
+        if p.tier == 1 and any(p.children):
+            tags.append("on trial")
         if p.uplink:
             tags.append(f"up {p.uplink * 8 / 1e6:.1f} Mbit/s" + (" (probed)" if p.uplink_probed else ""))
         return f"{p.name or pid} [{held}{' ' + prog if prog else ''}]{' ' + ','.join(tags) if tags else ''}"

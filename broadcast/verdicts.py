@@ -117,6 +117,10 @@ def judge_report(t: Tracker, reporter: PeerRec, accused: PeerRec, msg: Report,
     # placed under the accused, can; until they do, the report costs its maker, whatever its standing (keys
     # that bought standing with one piece demoted all six honest relays this way, issue 29).
     independent = msg.reason == "stall" and t.vouches(reporter) and t.was_given(reporter, accused.url)
+    if independent and t.tier(accused) == 1:
+        # On trial, it is placed to be judged by these very receivers (trials.py): one who vouches ends it.
+        t.end_trial(accused, f"stalls reported by {who}, placed under it")
+        return "trial ended"
     t.penalize(reporter.key, f"{msg.reason} report on {accused.peer_id}: it answers the origin's probes")
     if not independent:
         return "not confirmed"

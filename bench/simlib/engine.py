@@ -39,10 +39,11 @@ class Sim:
 
 
 class Host:
-    __slots__ = ("name", "up", "down", "lat", "outs", "ins", "alive", "gen")
+    __slots__ = ("name", "up", "down", "lat", "outs", "ins", "alive", "gen", "low_share")
 
     def __init__(self, name: str, up: float, down: float, lat: float):
         self.name, self.up, self.down, self.lat = name, up, down, lat
+        self.low_share = 0.0  # >0: transfers marked low get this share of `up` while others run
         self.outs: set[Xfer] = set()
         self.ins: set[Xfer] = set()
         self.alive = True
@@ -50,10 +51,10 @@ class Host:
 
 
 class Xfer:
-    __slots__ = ("src", "dst", "size", "done", "rate", "t", "on_end", "live")
+    __slots__ = ("src", "dst", "size", "done", "rate", "t", "on_end", "live", "low")
 
-    def __init__(self, src: Host, dst: Host, size: float, on_end: Callable[[Xfer, bool], None]):
-        self.src, self.dst, self.size, self.on_end = src, dst, size, on_end
+    def __init__(self, src: Host, dst: Host, size: float, on_end: Callable[[Xfer, bool], None], low: bool = False):
+        self.src, self.dst, self.size, self.on_end, self.low = src, dst, size, on_end, low
         self.done = 0.0
         self.rate = 0.0
         self.t = 0.0
@@ -67,8 +68,9 @@ class Net:
         self.sim = sim
         self.bytes_moved = 0.0
 
-    def start(self, src: Host, dst: Host, size: float, on_end: Callable[[Xfer, bool], None]) -> Xfer:
-        x = Xfer(src, dst, size, on_end)
+    def start(self, src: Host, dst: Host, size: float, on_end: Callable[[Xfer, bool], None],
+              low: bool = False) -> Xfer:
+        x = Xfer(src, dst, size, on_end, low)
         x.t = self.sim.now
         old_cap = dst.down / len(dst.ins) if dst.ins else 0.0
         src.outs.add(x)
@@ -118,26 +120,18 @@ class Net:
             self._fill(h)
 
     def _fill(self, h: Host) -> None:
-        """Water-fill h's uplink over its transfers, then schedule the one that ends first."""
+        """Water-fill h's uplink over its transfers, then schedule the one that ends first. A host with a
+        low share (broadcast/uplink_share.py) gives its low transfers that share while others run."""
         h.gen += 1
         xs = h.outs
         if not xs:
             return
         now = self.sim.now
-        n = len(xs)
-        share = h.up / n
-        caps = [(x.dst.down / len(x.dst.ins), x) for x in xs]
-        if min(caps, key=_first)[0] >= share:  # the usual case: nobody is held back by its downlink
-            plan = [(share, x) for _, x in caps]
+        low = [x for x in xs if x.low] if h.low_share else []
+        if low and len(low) < len(xs):
+            plan = _water(h.up * (1 - h.low_share), [x for x in xs if not x.low]) + _water(h.up * h.low_share, low)
         else:
-            plan, left = [], h.up
-            for cap, x in sorted(caps, key=_first):
-                r = left / n
-                if cap < r:
-                    r = cap
-                plan.append((r, x))
-                left -= r
-                n -= 1
+            plan = _water(h.up, xs)
         first = float("inf")
         for r, x in plan:
             x.done += x.rate * (now - x.t)
@@ -147,6 +141,24 @@ class Net:
             if end < first:
                 first = end
         self.sim.at(now + max(first, 0.0), self._due, h, h.gen)
+
+
+def _water(up: float, xs) -> list[tuple[float, Xfer]]:
+    """`up` shared max-min fairly by the transfers `xs`, each capped by its receiver's downlink share."""
+    n = len(xs)
+    share = up / n
+    caps = [(x.dst.down / len(x.dst.ins), x) for x in xs]
+    if min(caps, key=_first)[0] >= share:  # the usual case: nobody is held back by its downlink
+        return [(share, x) for _, x in caps]
+    plan, left = [], up
+    for cap, x in sorted(caps, key=_first):
+        r = left / n
+        if cap < r:
+            r = cap
+        plan.append((r, x))
+        left -= r
+        n -= 1
+    return plan
 
 
 def _first(pair: tuple) -> float:

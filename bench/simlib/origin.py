@@ -19,6 +19,7 @@ from broadcast.messages import ORIGIN, Join, PeerHeartbeat, Report, TreeSources
 from broadcast.tracker import PeerRec, Tracker, TrackerError
 from broadcast.turns import TurnQueue
 from broadcast.uplink_plan import PROBE_BYTES, UplinkPlan
+from broadcast.uplink_share import LOW_SHARE
 from broadcast.verdicts import (
     REFUSED,
     Flow,
@@ -57,6 +58,8 @@ class SimOrigin:
         self.tracker = Tracker(ORIGIN, cfg.n_trees, cfg.fanout, cfg.heartbeat_s, clock=SimClock(sw.sim),
                                max_peers=1 << 20, order_key=b"simulated tracker")  # churn: N + arrivals
         self.turns = TurnQueue()  # its children's requests take turns, as a relay's
+        host.low_share = LOW_SHARE  # members without standing share this much while others are sent to
+        self.first_in_line = self.tracker.first_in_line
         self.gate = ReportGate()
         self.plan = UplinkPlan(self.tracker) if probes else None  # None: no uplink probes
         self.probing: dict[str, tuple[PeerRec, Xfer | None]] = {}  # url -> (relay, its probe's transfer)
@@ -72,9 +75,9 @@ class SimOrigin:
         self.sw.sim.after(self.cfg.heartbeat_s, self._reap)
 
     # -- what peers send (each call is the moment the request reaches the origin) -----------------------
-    def join(self, url: str, name: str, key: str) -> tuple[str, str]:
+    def join(self, url: str, name: str, key: str, addr: str = "") -> tuple[str, str]:
         self.tracker.set_trusted(key)  # simulated peers are honest keys with standing (established nodes)
-        j = self.tracker.join(Join(url, True, name), key=key)
+        j = self.tracker.join(Join(url, True, name), key=key, observed_host=addr)
         return j.peer_id, j.token
 
     def heartbeat(self, msg: PeerHeartbeat, latest: int | None) -> TreeSources | None:

@@ -16,11 +16,12 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-from broadcast.messages import PeerHeartbeat, Report
+from broadcast.messages import PeerHeartbeat, Report, TreeSources
 from broadcast.piece_race import PieceRace
 from broadcast.piece_race import Report as RaceReport
 from broadcast.sourcing import SourceBook, Try
 from broadcast.turns import TurnQueue, turn_key
+from broadcast.uplink_share import LOW_SHARE
 
 from .engine import Host, Xfer
 
@@ -58,6 +59,8 @@ class SimPeer:
         self.book.trees = sw.trees
         self.pid = self.token = ""
         self.sources: list[list[str]] = []
+        self.low: frozenset[str] = frozenset()  # hosts below us sent to after the others (uplink_share.py)
+        host.low_share = LOW_SHARE
         self.version = 0
         self.have = bytearray()
         self.n_have = 0
@@ -103,10 +106,11 @@ class SimPeer:
         if ans is None:  # the tracker forgot us (reaped): join again
             self.sw.sim.after(self.sw.to_origin(self), self.sw.join, self)
             return
-        self.sw.sim.after(self.sw.to_origin(self), self._set_sources, ans.sources)
+        self.sw.sim.after(self.sw.to_origin(self), self._set_sources, ans)
 
-    def _set_sources(self, sources: list[list[str]]) -> None:
-        self.sources = sources
+    def _set_sources(self, ans: TreeSources) -> None:
+        """As tracker_client.py takes a heartbeat's answer."""
+        self.sources, self.low, self.book.on_trial = ans.sources, frozenset(ans.low), frozenset(ans.trial)
 
     def report(self, r: RaceReport, version: int, piece: int, answered=None) -> None:
         """To the origin; `answered()` once its answer is back; a heartbeat then (new parents)."""

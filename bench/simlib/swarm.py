@@ -63,7 +63,7 @@ class Swarm:
     def join(self, p: SimPeer) -> None:
         if not p.host.alive:
             return
-        p.pid, p.token = self.origin.join(p.url, f"p{p.idx}", f"sim-{p.idx}")
+        p.pid, p.token = self.origin.join(p.url, f"p{p.idx}", f"sim-{p.idx}", p.host.name)
         self.sim.after(self.to_origin(p), self._joined, p)
 
     def _joined(self, p: SimPeer) -> None:

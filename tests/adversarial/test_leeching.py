@@ -122,3 +122,47 @@ def test_the_origins_check_of_a_relay_looks_like_its_childs_request(tmp_path):
     assert child[PASS_HEADER] == check[PASS_HEADER] == pass_for(token, piece_name(1, 3))
     assert {k.lower(): v for k, v in child.items() if k != "Host"} == \
         {k.lower(): v for k, v in check.items() if k != "Host"}
+
+
+def test_the_origin_sends_to_members_with_standing_first(tmp_path):
+    """Two members fetch a whole version from the origin at once, one the trainer trusts and one fresh key:
+    the fresh key gets a small share until the other is done (broadcast/uplink_share.py), then the rest.
+    Fails before: both got half (ten fresh keys hung from the origin made the first version 3.5x slower for
+    everyone else, bench/tree_attacks_sim.py)."""
+    n_pieces, rate = 32, 2e6
+
+    async def main() -> tuple[int, int, float]:
+        d = tmp_path / "origin"
+        o = Origin(d, KeyPair.generate(), OriginConfig(heartbeat_s=10.0, piece_bytes=PIECE, upload_rate=rate))
+        await o.start()
+        d.joinpath("v1").mkdir(parents=True)
+        (d / "v1" / "model.safetensors").write_bytes(random.Random(1).randbytes(n_pieces * PIECE))
+        await o.publish(d / "v1", 1, None)
+        try:
+            assert o.tracker
+            first = o.tracker.join(Join(None, False, "trusted"), key="t" * 64)
+            o.tracker.set_trusted("t" * 64)
+            fresh = o.tracker.join(Join(None, False, "fresh"), key="f" * 64)
+            got = {first.peer_id: 0, fresh.peer_id: 0}
+            async with aiohttp.ClientSession() as s:
+                async def fetch_all(j) -> None:
+                    for i in range(n_pieces):
+                        hdrs = headers(j.peer_id, j.token, piece_name(1, i))
+                        async with s.get(f"{o.url}/v/1/piece/{i}", headers=hdrs) as r:
+                            assert r.status == 200
+                            got[j.peer_id] += len(await r.read())
+
+                t0 = asyncio.get_running_loop().time()
+                rest = asyncio.create_task(fetch_all(fresh))
+                await fetch_all(first)
+                first_took = asyncio.get_running_loop().time() - t0
+                fresh_then = got[fresh.peer_id]
+                await rest
+            return fresh_then, got[fresh.peer_id], first_took
+        finally:
+            await o.stop()
+
+    fresh_then, fresh_all, first_took = asyncio.run(main())
+    assert fresh_all == n_pieces * PIECE  # never starved: the whole version once the other was done
+    assert fresh_then < 0.3 * n_pieces * PIECE, (fresh_then, first_took)  # equal shares: ~all of it
+    assert first_took < 0.8 * 2 * n_pieces * PIECE / rate, first_took  # equal shares: ~2 MiB / 1 MB/s

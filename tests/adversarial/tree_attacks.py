@@ -29,9 +29,11 @@ HB = 0.3
 
 # -- the lab: an origin in this process, honest relays as processes -----------------------------------
 class TreeLab:
-    def __init__(self, tmp: Path, before: tuple[str, ...] = ()):
-        """`before`: an attack (the attacker's arguments) started before the honest relays join."""
-        self.tmp = tmp
+    def __init__(self, tmp: Path, before: tuple[str, ...] = (), trusted: bool = False):
+        """`before`: an attack (the attacker's arguments) started before the honest relays join; `trusted`:
+        the trainer calls the honest relays established (as it does its own nodes), else they earn the
+        origin's proof like anyone."""
+        self.tmp, self.trusted = tmp, trusted
         self.procs: list[asyncio.subprocess.Process] = []
         self.version = 0
         self.before = before
@@ -59,6 +61,8 @@ class TreeLab:
                 "--relay-host", "127.0.0.1", "--upload-rate", str(RATE), "--stall-timeout", "4",
                 cwd=REPO, env=env, stdout=log, stderr=log))
         await self.until(lambda: len(self.honest()) == HONEST, 30, "honest relays to join")
+        for p in self.honest().values() if self.trusted else ():
+            self.origin.set_standing(p.key)
         self.first_s = await self.deliver()  # v1: the honest relays hold it, and show the origin they upload
         await self.until(lambda: all(p.key in self.origin.tracker.proven for p in self.honest().values()), 20,
                          "honest relays to show they upload")
@@ -261,10 +265,10 @@ async def _median_within(lab: TreeLab, versions: int, timeout: float) -> float |
 
 
 async def _issue29(tmp: Path, name: str, attempted: str, mode: str, *args: str, versions: int = 3,
-                   timeout: float = 60) -> dict:
+                   timeout: float = 60, trusted: bool = False) -> dict:
     """A fresh lab: versions unattacked, then attacked (the attacker's relays heartbeat, are checked and
     placed first). Attacker relays contained: none is a source of an honest relay by the end."""
-    async with TreeLab(tmp) as lab:
+    async with TreeLab(tmp, trusted=trusted) as lab:
         tr = lab.origin.tracker
         base = statistics.median([await lab.deliver() for _ in range(versions)])
         urls = [p.url for p in lab.honest().values()] if mode == "liars" else []
@@ -304,14 +308,16 @@ async def issue29_rows(tmp: Path) -> list[dict]:
     ]
 
 
-async def issue29_smart_rows(tmp: Path) -> list[dict]:
+async def issue29_smart_rows(tmp: Path, trusted: bool = False) -> list[dict]:
     """The same two-faced keys, smarter: while they have no children they serve every request in full (only
-    the origin asks a leaf for pieces), so they do earn the origin's one-piece proof whatever its headers."""
+    the origin asks a leaf for pieces), so they do earn the origin's one-piece proof whatever its headers.
+    `trusted`: the honest relays are the trainer's established nodes (their keys trusted)."""
+    tag = "_trusted" if trusted else ""
     return [
-        await _issue29(tmp / "liars-smart", "smart_bought_standing_reports", "as a leaf serve every request, "
-                       "then report the honest relays stalling", "liars", "smart"),
-        await _issue29(tmp / "loris-smart", "smart_slow_loris", "as a leaf serve every request, with children "
-                       "send everyone 8 KiB/s", "loris", "smart"),
-        await _issue29(tmp / "friends-smart", "smart_credit_from_friends", "as a leaf serve every request, and "
-                       "confirm each other's uploads at 12.5 GB/s", "friends", "smart"),
+        await _issue29(tmp / f"liars-smart{tag}", f"smart_bought_standing_reports{tag}", "as a leaf serve every "
+                       "request, then report the honest relays stalling", "liars", "smart", trusted=trusted),
+        await _issue29(tmp / f"loris-smart{tag}", f"smart_slow_loris{tag}", "as a leaf serve every request, with "
+                       "children send everyone 8 KiB/s", "loris", "smart", trusted=trusted),
+        await _issue29(tmp / f"friends-smart{tag}", f"smart_credit_from_friends{tag}", "as a leaf serve every "
+                       "request, and confirm each other's uploads at 12.5 GB/s", "friends", "smart", trusted=trusted),
     ]

@@ -133,3 +133,18 @@ def test_a_parent_silent_race_after_race_is_avoided_longer_each_time_until_it_de
     b.piece_in(tr, 1, 600.5, 600.1)
     b.silent_through(P, 700.0)
     assert b.avoid[P] == 700.0 + SILENT_AVOID_S
+
+
+def test_a_parent_on_trial_that_answered_and_sends_nothing_is_gone_around_after_one_usual_latency():
+    """A parent the tracker names on trial (broadcast/trials.py: placed over us to be judged) gets one of
+    our usual piece latencies to start sending, where another gets IDLE_ROUNDS of them."""
+    for on_trial, gone_by in ((False, IDLE_ROUNDS * 2.0), (True, 2.0)):
+        b = book()
+        b.latency_s = 2.0
+        b.on_trial = frozenset({P} if on_trial else ())
+        race = PieceRace(b, b.chain([P, G], 0.0), 0.0)
+        tr = race.start(0.0)
+        b.answered(tr, 0.05)
+        assert race.look(gone_by - 0.1)[0] == [], on_trial
+        (second,), _ = race.look(gone_by + 0.01)
+        assert second.src == G, on_trial

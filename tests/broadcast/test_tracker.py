@@ -85,9 +85,16 @@ def test_fresh_keys_never_sit_above_peers_with_standing(n_ranked, n_fresh):
     tr.join(Join(None, False, "leaf"), key="ab" * 32)
     _check(tr)
     parents, _ = tr.topology()
+    tier = {pid: tr.tier(rec) for pid, rec in tr.peers.items()}
+    # While a trusted key is a member, a key holding the origin's proof alone is on trial (tier 1), laid out
+    # with the fresh keys, below those who vouch.
+    vouching = n_ranked > 1  # the odd ones are trusted, the even ones hold the proof
+    assert [tier[pid] for pid in ranked] == [(1 if vouching else 2) if i % 2 == 0 else 2 for i in range(n_ranked)]
+    assert all(tier[pid] == 0 for pid in fresh)
     for t in range(tr.trees):
         for pid in ranked:
-            assert not set(_ancestors(parents[t], pid)) & set(fresh), "a fresh key above a peer with standing"
+            if tier[pid] == 2:
+                assert all(tier[a] == 2 for a in _ancestors(parents[t], pid)), "placed below a lower tier"
     # With no one ranked, the fresh relays still make a tree (not a star from the origin).
     if n_ranked == 0:
         assert any(p is not None for t in range(tr.trees) for p in parents[t].values())

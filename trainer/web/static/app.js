@@ -215,7 +215,7 @@ function drawTree() {
     const p = peers.get(pid);
     if (!p || depth > 32) return "";
     const kids = p.children[t] || [];
-    return `<li>${esc(p.name || pid.slice(0, 8))} ${ver(p)} <span class="note">${num(p.last_heartbeat_age, 1)} s${p.relay ? "" : p.reachable === false ? " · download-only: not reachable" : " · download-only"}${p.uplink ? " · up " + num(p.uplink * 8 / 1e6, 1) + " Mbit/s" + (p.uplink_probed ? " (probed)" : "") : ""}${p.strikes ? " · strikes " + p.strikes : ""}</span>` +
+    return `<li>${esc(p.name || pid.slice(0, 8))} ${ver(p)} <span class="note">${num(p.last_heartbeat_age, 1)} s${p.relay ? "" : p.reachable === false ? " · download-only: not reachable" : " · download-only"}${p.tier === 1 && p.children.some((c) => c.length) ? " · on trial" : ""}${p.uplink ? " · up " + num(p.uplink * 8 / 1e6, 1) + " Mbit/s" + (p.uplink_probed ? " (probed)" : "") : ""}${p.strikes ? " · strikes " + p.strikes : ""}</span>` +
       (kids.length ? `<ul>${kids.map((c) => walk(c, t, depth + 1)).join("")}</ul>` : "") + "</li>";
   };
   let html = "";
