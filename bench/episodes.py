@@ -15,7 +15,7 @@ episodes that `swarm demo --task ENV` gives it; built here into a temporary run 
      (a prefill with masks) per group, against the learner's step time per group (16 groups a step); the
      share at the default audit rate (the audit of every group of a new node is the second figure).
   3. the python tool (with --envs ...,python): replay cost per group of its worked episodes, whose programs
-     run in the sandbox, against the same step.
+     run in the sandbox, against the same step; with --python-model, 1 and 2 on that policy's episodes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-N_PROMPTS, G = 32, 8
+from bench.episode_costs import G, costs, demo_groups  # noqa: E402
+
+N_PROMPTS = 32
 ENGINE = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
 
@@ -248,77 +250,6 @@ async def throughput(engine, work: Work, model_dir: Path, tmp: Path, rounds: int
             "node_rounds": node_rates, "plain_rounds": plain_rates, "submission": st["sent"]}
 
 
-def costs(cfg, model_dir: Path, work: Work, groups_of_episodes: list[tuple], rate: float, sampled: bool = True) -> dict:
-    """Replay and audit per group, against the learner's step per group (16 groups a step). `sampled`: the
-    episodes are the model's own, so the audit must pass them (worked episodes' made-up log-probs fail it;
-    the audit's cost is the same prefill either way)."""
-    import torch
-
-    from rewards.sandbox import Budget
-    from trainer.audit import AuditConfig, Auditor
-    from trainer.episode_check import as_samples, replay_group
-    from trainer.intake import Held, episode_group
-    from trainer.learner import Learner
-    from trainer.policy import frozen_state, load_model, load_tokenizer
-
-    torch.set_num_threads(1)  # as the trainer runs (train.torch_threads); after vLLM started, --threads decides
-    model, tok = load_model(model_dir), load_tokenizer(model_dir)
-    auditor = Auditor(model, tok.pad_token_id, 1.0, 1.0, AuditConfig())
-    auditor.remember(0, frozen_state(model), keep_from=0)
-    replay_s, audit_s, groups = [], [], []
-    for item, prompt, episodes in groups_of_episodes:
-        if isinstance(getattr(work.env, "results", None), dict):  # the python tool's kept outputs: only the
-            work.env.results.clear()  # group's own repeats may hit (the worked episodes' filled it)
-        t0 = time.perf_counter()
-        rs = replay_group(work.env, item, tok, episodes, cfg.train.max_tokens, cfg.task.max_episode_tokens, len(tok),
-                          Budget(1e9))
-        replay_s.append(time.perf_counter() - t0)
-        assert all(r.reason is None for r in rs), [r.reason for r in rs]
-        samples, masks = as_samples(episodes)
-        t0 = time.perf_counter()
-        verdict = auditor.audit(prompt, samples, 0, masks).reason
-        assert verdict is None or not sampled, verdict
-        audit_s.append(time.perf_counter() - t0)
-        held = Held(item.id, "n", item, prompt, 0, 0.0)
-        g = episode_group(held, episodes, rs, 0, "n")
-        g.rewards = [r.reward + 1e-3 * k for k, r in enumerate(rs)]  # every group with signal: a full step
-        groups.append(g)
-    learner = Learner(model, tok, cfg.train.lr, 0.0, 1.0, cfg.loss)
-    batch = (groups * (16 // len(groups) + 1))[:16]
-    learner.step(batch)  # warm-up
-    steps = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        learner.step(batch)
-        steps.append(time.perf_counter() - t0)
-    per_group = statistics.median(steps) / len(batch)
-    replay_g, audit_g = statistics.median(replay_s), statistics.median(audit_s)
-    return {"replay_s_per_group": replay_g, "audit_s_per_group": audit_g, "step_s_per_group": per_group,
-            "share": (replay_g + rate * audit_g) / per_group, "share_all_audited": (replay_g + audit_g) / per_group,
-            "replay_share": replay_g / per_group}
-
-
-def demo_groups(work: Work, cfg, tok, n: int) -> list[tuple]:
-    """Honest groups from the environment's worked episodes (the python tool: its programs run in the sandbox)."""
-    from rewards.token_episode import TokenEpisode
-    from swarm_common import protocol as P
-
-    out = []
-    for item, prompt in list(zip(work.items, work.prompts, strict=True))[:n]:
-        turns = [m["content"] for m in work.env.demonstration(item) if m["role"] == "assistant"]
-        eps = []
-        for _ in range(G):
-            te = TokenEpisode(work.env, item, tok, cfg.train.max_tokens, cfg.task.max_episode_tokens)
-            for text in turns:
-                ids = tok(text, add_special_tokens=False)["input_ids"] + [te.stop_id]
-                te.add_turn(ids, [-0.5] * len(ids))
-                if te.done:
-                    break
-            eps.append(P.Episode(te.ids, te.mask, te.logprobs, te.finish))
-        out.append((item, prompt, eps))
-    return out
-
-
 def one(env: str, tmp: Path, rounds: int, batches: int, rate: float) -> dict:
     """Everything for one environment, in this process (one vLLM engine per process)."""
     import torch
@@ -329,15 +260,19 @@ def one(env: str, tmp: Path, rounds: int, batches: int, rate: float) -> dict:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))  # before vLLM: it forbids changes after
     cfg = run_config(env, tmp / env)
-    if env == "python":  # its costs only: no warm-up needed
-        cfg.model.sft_steps = 0
+    # The tiny model writes programs after ~500 warm-up steps (docs/benchmarks.md): a policy so warmed up
+    # (--python-model, e.g. a demo's RUN/base-model) runs the python tool's work; without one only its costs
+    # are measured, on worked episodes.
+    worked = env == "python" and not os.environ.get("BENCH_PYTHON_MODEL")
+    if env == "python":
+        cfg.model.path, cfg.model.sft_steps = os.environ.get("BENCH_PYTHON_MODEL", ""), 0
     t0 = time.perf_counter()
     model_dir = prepare_base_model(cfg, progress=False)
     print(f"[{env}] starting policy in {time.perf_counter() - t0:.0f}s ({cfg.model.sft_steps} warm-up steps)", flush=True)
     tok = load_tokenizer(model_dir)
     work = Work(cfg, tok)
     res: dict = {"env": env}
-    if env == "python":  # the tiny model writes no programs: its costs are measured on worked episodes
+    if worked:
         groups = demo_groups(work, cfg, tok, 8)
     else:
         shutil.rmtree(tmp / f"{env}-tp", ignore_errors=True)
@@ -347,7 +282,7 @@ def one(env: str, tmp: Path, rounds: int, batches: int, rate: float) -> dict:
         by_id = {a.assignment_id: (it, a.prompt_token_ids) for a, it in zip(work.assignments, work.items, strict=True)}
         groups = [(*by_id[r.assignment_id.rsplit("-", 1)[0]], r.episodes) for r in sub.rollouts]
         res.update(tp)
-    res.update(costs(cfg, model_dir, work, groups[:8], rate, sampled=env != "python"))
+    res.update(costs(cfg, model_dir, work, groups[:8], rate, sampled=not worked))
     return res
 
 
@@ -359,6 +294,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch/OpenMP threads of both engines (and of the learner's step: the trainer uses 1). On a "
                     "machine others use too, two-thread teams stall whenever one of their threads is descheduled")
+    ap.add_argument("--python-model", help="a policy warmed up on the python tool (a demo's RUN/base-model): its "
+                    "node throughput is measured too")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: one environment, in a fresh process
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -374,6 +311,8 @@ def main() -> int:
         return 0
     results = []
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the node process and the plain loop's engine alike
+    if args.python_model:
+        os.environ["BENCH_PYTHON_MODEL"] = str(Path(args.python_model).resolve())
     for env in args.envs.split(","):
         out = tmp / f"{env}.json"
         subprocess.run([sys.executable, __file__, "--one", env, "--out", str(out), "--dir", str(tmp), "--rounds",

@@ -136,8 +136,10 @@ class Forest:
         trial = self.trials.pick(ordered, self.tier, self.group_sizes(), sized, self.latest)
         sized |= trial
         keep, fresh = [p for p in ordered if p.peer_id in sized], [p for p in ordered if p.peer_id not in sized]
-        cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group, up.uplink(p.url) if p.url else None,
-                           trial=p.peer_id in trial)
+        # A relay on trial is placed as one not measured yet, whatever the origin's probe said of it (the probe
+        # times filler, which a key can serve fast and its children slowly: the attack lab's did, 300 MB/s).
+        cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group,
+                           None if p.peer_id in trial or not p.url else up.uplink(p.url), trial=p.peer_id in trial)
                  for p in keep]
         group, parents, children, caps = measured_layout(cands, self.k, self.fanout,
                                                          up.placed.get(ORIGIN), len(fresh))

@@ -87,6 +87,15 @@ class SourceBook:
         rto = self.answer_s + 4 * self.answer_var
         return min(self.cfg.stall_timeout, max(self.cfg.first_byte_timeout, rto))
 
+    def _deadline(self, tr: Try) -> float:
+        """The answer deadline for this try: a source on trial gets no more than our usual piece latency (a
+        receiver waiting on it is what its trial costs; in the attack lab the 1 s deadline alone made each
+        version 4x slower)."""
+        deadline = self.deadline()
+        if tr.src in self.on_trial and self.latency_s is not None:
+            return min(deadline, self.latency_s)
+        return deadline
+
     def put_off(self, src: str, now: float, for_s: float) -> None:
         """Leave `src` out of chains for `for_s` seconds (inf: for good, it served corrupt data)."""
         if src == ORIGIN:  # never: the origin is the root of every tree
@@ -166,8 +175,9 @@ class SourceBook:
         latencies (before any latency is known, the stall timeout): a relay that trickles held its whole
         subtree back (docs/tree-simulation.md). And one byte is not progress: a source whose bytes come far
         slower than our pieces usually do (`pace`) is gone around too (issue 29: slow-loris). A source on
-        trial (placed over us to be judged, trials.py) gets one usual latency where others get IDLE_ROUNDS."""
-        deadline = self.deadline()
+        trial (placed over us to be judged, trials.py) gets one usual piece latency where others get
+        IDLE_ROUNDS, and no longer than that for its answer."""
+        deadline = self._deadline(tr)
         rounds = 1 if tr.src in self.on_trial else IDLE_ROUNDS
         if not tr.answered:
             return max(0.0, max(tr.started, self.last_heard.get(tr.src, 0.0)) + deadline - now)
@@ -194,7 +204,7 @@ class SourceBook:
         holds and turns, so an honest parent sends faster than that), and it would not be done within
         the answer deadline at that rate; else when to judge again. Judged once its bytes have come for
         the answer deadline."""
-        deadline = self.deadline()
+        deadline = self._deadline(tr)
         if (left := tr.first_at + deadline - now) > 0:  # as `silent` counts: a look at now + left judges
             return left
         rate = tr.got / max(now - tr.first_at, 1e-9)

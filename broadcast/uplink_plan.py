@@ -26,6 +26,7 @@ def wants_probe(tracker: Tracker, rec: PeerRec) -> bool:
     serving measures its children's share and takes time from them: in the simulation, probes during a
     version measured such relays at a fifth of their uplink and slowed the version."""
     if (rec.reachable is not True or not rec.interior_capable or not tracker.has_standing(rec)  # capable: has a url
+            or tracker.tier(rec) != 2  # while members vouch, a key holding the one-piece proof alone is on trial
             or rec.url in tracker.uploads.estimate or rec.url in tracker.uploads.probed):
         return False
     if not tracker.in_flight():

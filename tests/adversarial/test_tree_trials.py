@@ -124,3 +124,21 @@ def test_the_low_addresses_and_the_relays_on_trial_travel_with_the_sources_tag()
     assert a.for_peer(full.tag).sources == [] and a.for_peer(full.tag).low == []
     b = TreeSources(3, [["http://r:1"]], True, low=["10.9.0.2"], trial=["http://r:1"])
     assert b.for_peer(full.tag).tag != full.tag and b.for_peer(full.tag).low == ["10.9.0.2"]
+
+
+def test_a_fast_probe_lifts_no_key_on_trial():
+    """The origin's uplink probe times filler, which a key can serve fast and its children slowly: in the
+    attack lab such keys, timed at ~300 MB/s, were laid out above all six honest relays. A key on trial is
+    not probed, and a figure it has is not used: it gets a trial's one place, below the others."""
+    from broadcast.trials import TRIAL_CHILDREN
+    from broadcast.uplink_plan import wants_probe
+
+    tr, honest, proven = swarm(16, 16)
+    assert not any(wants_probe(tr, a) for a in proven)
+    for a in proven:
+        tr.probed(a, 300 * MB)
+    next_version(tr, honest, 1)
+    _, children = tr.topology()
+    for a in proven:
+        assert all(len(children[t].get(a.peer_id, ())) <= TRIAL_CHILDREN for t in range(tr.trees))
+        assert all(a.peer_id not in children[t][None] for t in range(tr.trees))
