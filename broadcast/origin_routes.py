@@ -25,6 +25,7 @@ from .piece_pass import PASS_HEADER, PEER_HEADER, PieceGate, file_name, piece_na
 from .serving import MAX_VERSION, parse_int, serve_piece
 from .store import VersionState
 from .tracker import TrackerError
+from .uplink_share import FirstAnswer, UplinkShare
 from .verdicts import ReportGate
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from .serving import Turns
     from .tracker import Tracker
     from .uplink_probe import UplinkProber
-    from .uplink_share import UplinkShare
 
 log = logging.getLogger("broadcast.origin")
 
@@ -273,17 +273,21 @@ class OriginRoutes:
         self._members_only(request, piece_name(version, index))
         # Admitted: a member (its pass checked) or a stranger's trial; only members placed above the rest
         # are sent to first (uplink_share.py).
-        o, t = self.origin, self.origin.tracker
-        first = t is None or t.first_in_line(request.headers.get(PEER_HEADER, ""))
-        on_sent, pace = (o.share.first_sent, None) if first else (None, o.share.low_sent)
+        o, t, who = self.origin, self.origin.tracker, request.headers.get(PEER_HEADER, "")
+        first = FirstAnswer(o.share, who) if t is None or t.first_in_line(who) else None
+        pace = None if first else o.share.low_sent
         order = o.order.get(version)
-        if order is None or not index.isdigit() or int(index) >= len(order.sent):
-            return await serve_piece(request, lookup, o.limiter, o.cfg.piece_wait_s, o.turns, o.trees, on_sent, pace)
-        await order.wait_turn(int(index))
         try:
-            return await serve_piece(request, lookup, o.limiter, o.cfg.piece_wait_s, o.turns, o.trees, on_sent, pace)
+            if order is None or not index.isdigit() or int(index) >= len(order.sent):
+                return await serve_piece(request, lookup, o.limiter, o.cfg.piece_wait_s, o.turns, o.trees, first, pace)
+            await order.wait_turn(int(index))
+            try:
+                return await serve_piece(request, lookup, o.limiter, o.cfg.piece_wait_s, o.turns, o.trees, first, pace)
+            finally:
+                await order.sent_one(int(index))
         finally:
-            await order.sent_one(int(index))
+            if first:
+                first.done()
 
 
 def _status(status: int, text: str) -> web.HTTPException:

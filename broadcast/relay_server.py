@@ -23,7 +23,7 @@ from .ratelimit import RateLimiter
 from .serving import MAX_VERSION, Turns, parse_int, serve_piece
 from .tracker_client import TrackerClient
 from .uplink_probe import PROBE_PATH, ProbeServer
-from .uplink_share import UplinkShare
+from .uplink_share import FirstAnswer, UplinkShare
 
 
 class RelayServer:
@@ -74,15 +74,18 @@ class RelayServer:
             return await self.downloads.lookup(version, self.follow())
 
         # The tracker names the members below us that are not first in line, by address (uplink_share.py).
-        if (request.remote or "") not in self.tracker.low:
-            return await serve_piece(request, lookup, self.limiter, self.cfg.hold_s, self.turns,
-                                     self.tracker.trees, self._sent_first)
+        if (remote := request.remote or "") not in self.tracker.low:
+            first = FirstAnswer(self.share, f"{remote} {request.headers.get('X-Peer', '')[:64]}", self._sent)
+            try:
+                return await serve_piece(request, lookup, self.limiter, self.cfg.hold_s, self.turns,
+                                         self.tracker.trees, first)
+            finally:
+                first.done()
         return await serve_piece(request, lookup, self.limiter, self.cfg.hold_s, self.turns, self.tracker.trees,
                                  None, self._pace_low)
 
-    def _sent_first(self, n: int) -> None:
+    def _sent(self, n: int) -> None:
         self.served_bytes += n
-        self.share.first_sent(n)
 
     def _pace_low(self, n: int) -> float:
         self.served_bytes += n

@@ -12,6 +12,8 @@ import heapq
 import itertools
 from collections.abc import Callable
 
+from broadcast.uplink_share import low_share
+
 
 class Sim:
     def __init__(self) -> None:
@@ -43,7 +45,7 @@ class Host:
 
     def __init__(self, name: str, up: float, down: float, lat: float):
         self.name, self.up, self.down, self.lat = name, up, down, lat
-        self.low_share = 0.0  # >0: transfers marked low get this share of `up` while others run
+        self.low_share = 0.0  # >0: transfers marked low get at least this share of `up` while others run
         self.outs: set[Xfer] = set()
         self.ins: set[Xfer] = set()
         self.alive = True
@@ -121,7 +123,8 @@ class Net:
 
     def _fill(self, h: Host) -> None:
         """Water-fill h's uplink over its transfers, then schedule the one that ends first. A host with a
-        low share (broadcast/uplink_share.py) gives its low transfers that share while others run."""
+        low share gives its low transfers together what broadcast/uplink_share.low_share says while others
+        run: one receiver's share, at least `low_share`."""
         h.gen += 1
         xs = h.outs
         if not xs:
@@ -129,7 +132,9 @@ class Net:
         now = self.sim.now
         low = [x for x in xs if x.low] if h.low_share else []
         if low and len(low) < len(xs):
-            plan = _water(h.up * (1 - h.low_share), [x for x in xs if not x.low]) + _water(h.up * h.low_share, low)
+            high = [x for x in xs if not x.low]
+            part = low_share(len({x.dst for x in high}), h.low_share)
+            plan = _water(h.up * (1 - part), high) + _water(h.up * part, low)
         else:
             plan = _water(h.up, xs)
         first = float("inf")
