@@ -64,19 +64,11 @@ def costs(cfg, model_dir: Path, work, groups_of_episodes: list[tuple], rate: flo
 def demo_groups(work, cfg, tok, n: int) -> list[tuple]:
     """Honest groups from the environment's worked episodes (the python tool: its programs run in the sandbox)."""
     from rewards.token_episode import TokenEpisode
-    from swarm_common import protocol as P
 
     out = []
     for item, prompt in list(zip(work.items, work.prompts, strict=True))[:n]:
         turns = [m["content"] for m in work.env.demonstration(item) if m["role"] == "assistant"]
-        eps = []
-        for _ in range(G):
-            te = TokenEpisode(work.env, item, tok, cfg.train.max_tokens, cfg.task.max_episode_tokens)
-            for text in turns:
-                ids = tok(text, add_special_tokens=False)["input_ids"] + [te.stop_id]
-                te.add_turn(ids, [-0.5] * len(ids))
-                if te.done:
-                    break
-            eps.append(P.Episode(te.ids, te.mask, te.logprobs, te.finish))
+        eps = [TokenEpisode(work.env, item, tok, cfg.train.max_tokens, cfg.task.max_episode_tokens).play(turns, -0.5)
+               for _ in range(G)]
         out.append((item, prompt, eps))
     return out

@@ -85,6 +85,16 @@ class TokenEpisode:
         self.last_answer = answer
         return answer
 
+    def play(self, texts: list[str], logprob: float) -> P.Episode:
+        """The episode whose turns are these texts, each ended by the stop token and each token given
+        `logprob` (worked episodes, for benchmarks and tests); it stops where the environment ends it."""
+        for text in texts:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.stop_id]
+            self.add_turn(ids, [logprob] * len(ids))
+            if self.done:
+                break
+        return P.Episode(self.ids, self.mask, self.logprobs, self.finish)
+
     def score(self) -> Score:
         return self.episode.score()
 

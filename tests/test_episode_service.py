@@ -45,16 +45,8 @@ def episodes(work: P.WorkAssignment, a: P.Assignment, turns: list[str]) -> list[
     env = make_task(work.env.name, **work.env.params)
     item = msgspec.convert({"id": a.item.id, "prompt": a.item.prompt, "answer": "", "meta": a.item.meta},
                            type=type(env.eval_items(1)[0]))
-    out = []
-    for _ in range(work.sampling.n):
-        te = TokenEpisode(env, item, TOK, work.sampling.max_tokens, work.env.max_episode_tokens)
-        for text in turns:
-            ids = TOK(text, add_special_tokens=False)["input_ids"] + [TOK.eos_token_id]
-            te.add_turn(ids, [-0.7] * len(ids))
-            if te.done:
-                break
-        out.append(P.Episode(te.ids, te.mask, te.logprobs, te.finish))
-    return out
+    return [TokenEpisode(env, item, TOK, work.sampling.max_tokens, work.env.max_episode_tokens).play(turns, -0.7)
+            for _ in range(work.sampling.n)]
 
 
 async def _register(c: Client) -> P.Message:
