@@ -294,6 +294,7 @@ class Tracker:
             rec.demoted = True
             rec.group = None
             self.standing.revoke(rec.key)
+            self.forest.trials.fail(rec.key, self.forest.latest)  # it earns its place again, not at once
             self.forest.repair("make_leaf", peer_id)
             self.forest.rebalance()
             self.event(f"demote {peer_id} to leaf ({why})")

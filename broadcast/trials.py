@@ -2,11 +2,13 @@
 
 While some members vouch, only they are laid out above the rest (tracker.Tracker.tier); a key that holds
 the origin's one-piece proof but no receiver's confirmation is on trial: in each version's measured layout
-at most TRIAL_SHARE of a tree's relays (at least one) are given places, below the measured relays and never
-the origin's (placement.Candidate.trial), so receivers who vouch can confirm what it sends and it earns
-standing (standing.py). A trial that ends with children who vouch and no byte they confirm is failed: that
-key gets no other for FAILED_VERSIONS versions. Identities are free, so each new key costs its maker a proof
-and then a version's trial at most, in a bounded share of places.
+at most TRIAL_SHARE of a tree's relays (at least one) get TRIAL_CHILDREN places, below the measured relays
+and never the origin's (placement.Candidate.trial), neither probed nor placed by a probe's figure, so
+receivers who vouch can confirm what it sends and it earns standing (standing.py). Its child gives it one
+usual piece latency (sourcing.SourceBook.on_trial) and, reporting it stalling, ends the trial
+(verdicts.judge_report). A trial that ends with children who vouch and no byte they confirm is failed, as is
+one ended so, or a key demoted: no other for FAILED_VERSIONS versions. Identities are free, so each new key
+costs its maker a proof and then a trial at most, in a bounded share of places.
 """
 
 from __future__ import annotations
