@@ -59,7 +59,6 @@ class SimOrigin:
                                max_peers=1 << 20, order_key=b"simulated tracker")  # churn: N + arrivals
         self.turns = TurnQueue()  # its children's requests take turns, as a relay's
         host.low_share = LOW_SHARE  # members without standing share this much while others are sent to
-        self.first_in_line = self.tracker.first_in_line
         self.gate = ReportGate()
         self.plan = UplinkPlan(self.tracker) if probes else None  # None: no uplink probes
         self.probing: dict[str, tuple[PeerRec, Xfer | None]] = {}  # url -> (relay, its probe's transfer)

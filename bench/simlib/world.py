@@ -9,6 +9,7 @@ from typing import Protocol
 
 from broadcast.config import OriginConfig, PeerConfig
 from broadcast.messages import PeerHeartbeat, Report, TreeSources
+from broadcast.tracker import Tracker
 from broadcast.turns import TurnQueue
 
 from .engine import Host, Net, Sim
@@ -34,8 +35,9 @@ class Origin(Protocol):
 
     host: Host
     turns: TurnQueue
+    tracker: Tracker
 
-    def join(self, url: str, name: str, key: str) -> tuple[str, str]: ...
+    def join(self, url: str, name: str, key: str, addr: str = "") -> tuple[str, str]: ...
     def heartbeat(self, msg: PeerHeartbeat, latest: int | None) -> TreeSources | None: ...
     def report(self, peer_id: str, r: Report, answered: Callable[[str], None]) -> None: ...
 

@@ -156,12 +156,10 @@ def test_proven_keys_above_each_other_lift_no_one():
         tr.probed(rec, 5 * MB)
         honest.append(rec)
     bad = {a.url for a in attackers}
-    lifted = 0
     for _ in range(2):
         for a in attackers:  # each vouches for the attackers it was given as parents
             tr.clock.now += 1.0
             given = {u for chain in tr.sources(a.peer_id) for u in chain} & bad
-            lifted += len(given)
             heartbeat(tr, a, 1, received={u: 1 << 30 for u in given},
                       recent={u: Received(25_000 * MB, 2.0) for u in given})
         for h in honest:
@@ -169,7 +167,7 @@ def test_proven_keys_above_each_other_lift_no_one():
             heartbeat(tr, h, 1)
     assert all(tr.tier(a) == 1 for a in attackers) and all(tr.tier(h) == 2 for h in honest)
     # (Before keys holding the proof alone were put on trial, the layout put attackers under each other
-    # here: `lifted` was 8-16. Now it may put none: what they say of each other must lift no one anyway.)
+    # here; now it may put none: what they say of each other must lift no one anyway.)
     for p in tr.peers.values():
         p.complete = [1]
     heartbeat(tr, honest[0], 2)  # the next version: laid out by what was measured
