@@ -9,6 +9,7 @@ piece took from the origin (when each hop asked for it and held it, and each hop
 from __future__ import annotations
 
 import collections
+import statistics
 import sys
 from pathlib import Path
 
@@ -50,11 +51,13 @@ class TracingSwarm(Swarm):
         self.log = {"tries": [], "failed": collections.Counter(), "pieces": {}, "left": {}}
         self.fetch = TracingFetching(self, self.log)
         self.published: dict[int, float] = {}
+        self.parents: dict[int, list] = {}  # per version, each tree's parents as laid out when it left
         TracingSwarm.runs.append(self)
 
     def publish(self, v: int, size: int) -> None:
         self.published[v] = self.sim.now
         super().publish(v, size)
+        self.parents[v] = [dict(par) for par in self.tracker.forest.topology()[0]]
 
     def depart(self, p, graceful: bool) -> None:
         self.log["left"][p.idx] = (self.sim.now, "left" if graceful else "died")
@@ -96,10 +99,38 @@ def report(sw: TracingSwarm, v: int, late: int) -> None:
             hop = idx(src)
 
 
+def by_depth(sw: TracingSwarm, v: int) -> None:
+    """Per tree and depth (1: the origin's children), when that tree's pieces reached the peers there: the
+    first and the last piece on average (the latest peer's last), and a piece's mean time from ask to hold."""
+    t0, pieces, parents = sw.published[v], sw.log["pieces"], sw.parents[v]
+    k, n = len(parents), sw.n_pieces(v)
+
+    def depth(t: int, pid: str | None) -> int:
+        d = 0
+        while pid is not None and d < 64:
+            d, pid = d + 1, parents[t].get(pid)
+        return d
+
+    print(f"  by depth (the layout as v{v} left; times after publishing):")
+    for t in range(k):
+        rows = collections.defaultdict(list)
+        for p in sw.peers.values():
+            got = [pieces.get((v, p.idx, i)) for i in range(t, n, k)]
+            if p.pid in parents[t] and all(got):
+                rows[depth(t, p.pid)].append((min(g[0] for g in got) - t0, max(g[0] for g in got) - t0,
+                                              statistics.mean(g[0] - g[2] for g in got)))
+        for d, r in sorted(rows.items()):
+            print(f"    tree {t} depth {d}: {len(r):>4} peers, first piece {statistics.mean(x[0] for x in r):.2f} s, "
+                  f"last {statistics.mean(x[1] for x in r):.2f} s (latest {max(x[1] for x in r):.2f}), ask to hold "
+                  f"{statistics.mean(x[2] for x in r):.3f} s")
+
+
 def main() -> None:
     ap = tree_sim.parser()
     ap.description = __doc__
     ap.add_argument("--late", type=int, default=5, help="trace this many of the last peers to finish")
+    ap.add_argument("--depths", action="store_true", help="for the measured version, when each tree's pieces "
+                    "reached each depth")
     args = ap.parse_args()
     args.designs, args.swarm_cls = ["tree"], TracingSwarm
     for kind in args.versions:
@@ -108,6 +139,8 @@ def main() -> None:
         sw = TracingSwarm.runs[-1]
         for v in (min(sw.published), max(sw.published)):
             report(sw, v, args.late)
+        if args.depths:
+            by_depth(sw, max(sw.published))
 
 
 if __name__ == "__main__":
