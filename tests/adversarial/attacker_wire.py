@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import sys
 import time
@@ -69,10 +70,15 @@ def pass_for(ident: Identity, v: int | str, i: int | str) -> dict:
     return {"X-Peer": ident.peer_id, "X-Peer-Pass": mac}
 
 
+def host() -> str:
+    """The address attackers listen on: 127.0.0.1, or $ATTACKER_HOST (a lab host's own, across namespaces)."""
+    return os.environ.get("ATTACKER_HOST", "127.0.0.1")
+
+
 async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
-    """Start an attacker's app on 127.0.0.1 at a port the kernel picks: its runner and the port."""
+    """Start an attacker's app on host() at a port the kernel picks: its runner and the port."""
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host(), 0)
     await site.start()
     return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

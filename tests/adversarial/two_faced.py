@@ -9,7 +9,7 @@ import secrets
 
 import aiohttp
 from aiohttp import web
-from attacker_wire import HB, Identity, join, pass_for, post, serve, stdin_line
+from attacker_wire import HB, Identity, host, join, pass_for, post, serve, stdin_line
 
 
 class TwoFaced:
@@ -61,7 +61,7 @@ class TwoFaced:
         app.add_routes([web.get("/reach", reach), web.get("/health", ok), web.get("/probe", probe),
                         web.get("/v/{v}/piece/{i}", piece)])
         self.runner, self.port = await serve(app)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host()}:{self.port}"
         while await join(self.s, self.tracker, self.ident, relay=True, port=self.port, name="twofaced") == 429:
             await asyncio.sleep(0.3)
 
