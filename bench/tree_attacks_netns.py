@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import statistics
 import sys
@@ -43,6 +44,9 @@ def origin_role(args: argparse.Namespace) -> None:
     from broadcast.config import OriginConfig
     from broadcast.origin import Origin
     from swarm_common.keys import KeyPair
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
 
     async def main() -> None:
         d = Path(args.dir)

@@ -76,37 +76,49 @@ async def two_faced(s, tracker: str, n: str, trickle: int, urls: tuple[str, ...]
     stop = asyncio.Event()
     answers: dict[str, int] = {}
 
-    async def beat() -> None:  # says it holds every version; `friends`: vouches for the others
+    latest: list[int | None] = [None]
+
+    async def every_hb(step) -> None:  # each loop on its own: a slow one (reports) must not starve heartbeats
         while not stop.is_set():
-            async with s.get(f"{tracker}/latest") as resp:
-                latest = (await resp.json()).get("latest")
-            if smart:
-                async with s.get(f"{tracker}/tree") as resp:
-                    kids = {p["peer_id"]: any(p["children"]) for p in (await resp.json())["peers"]}
-                for r in relays:
-                    r.has_children = kids.get(r.ident.peer_id, False)
-            for r in relays:
-                others = [x.url for x in relays if x is not r] if friends else []
-                await post(s, f"{tracker}/heartbeat", {
-                    "peer_id": r.ident.peer_id, "token": r.ident.token, "complete": [latest] if latest else [],
-                    "served_bytes": 1 << 34, "received": {u: 1 << 34 for u in others},
-                    "recent": {u: [25_000 << 20, 2.0] for u in others}})
-                for url in urls if latest else ():
-                    code, body = await post(s, f"{tracker}/report", {
-                        "peer_id": r.ident.peer_id, "token": r.ident.token, "accused_url": url, "reason": "stall",
-                        "version": latest, "piece": 0, "detail": "no bytes"})
-                    key = body.get("action") if isinstance(body, dict) else f"HTTP {code}"
-                    answers[key] = answers.get(key, 0) + 1
+            await step()
             try:
                 await asyncio.wait_for(stop.wait(), HB)
             except TimeoutError:
                 pass
 
-    task = asyncio.create_task(beat())
+    async def watch() -> None:  # the newest version; `smart`: which of us have children
+        async with s.get(f"{tracker}/latest") as resp:
+            latest[0] = (await resp.json()).get("latest")
+        if smart:
+            async with s.get(f"{tracker}/tree") as resp:
+                kids = {p["peer_id"]: any(p["children"]) for p in (await resp.json())["peers"]}
+            for r in relays:
+                r.has_children = kids.get(r.ident.peer_id, False)
+
+    async def beat() -> None:  # says it holds every version; `friends`: vouches for the others
+        async def one(r: TwoFaced) -> None:
+            others = [x.url for x in relays if x is not r] if friends else []
+            await post(s, f"{tracker}/heartbeat", {
+                "peer_id": r.ident.peer_id, "token": r.ident.token, "complete": [latest[0]] if latest[0] else [],
+                "served_bytes": 1 << 34, "received": {u: 1 << 34 for u in others},
+                "recent": {u: [25_000 << 20, 2.0] for u in others}})
+
+        await asyncio.gather(*(one(r) for r in relays))
+
+    async def report() -> None:
+        for r in relays:
+            for url in urls if latest[0] else ():
+                code, body = await post(s, f"{tracker}/report", {
+                    "peer_id": r.ident.peer_id, "token": r.ident.token, "accused_url": url, "reason": "stall",
+                    "version": latest[0], "piece": 0, "detail": "no bytes"})
+                key = body.get("action") if isinstance(body, dict) else f"HTTP {code}"
+                answers[key] = answers.get(key, 0) + 1
+
+    tasks = [asyncio.create_task(every_hb(step)) for step in (watch, beat, report)]
     print("READY", flush=True)
     await stdin_line()
     stop.set()
-    await task
+    await asyncio.gather(*tasks)
     for r in relays:
         await r.runner.cleanup()  # type: ignore[union-attr]
     return {"checks_served": sum(r.checks for r in relays), "requests_trickled": sum(r.served for r in relays),
