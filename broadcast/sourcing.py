@@ -49,7 +49,7 @@ class Try:
     size: int = 0  # the piece's (0: not known)
     first_at: float = 0.0  # when its first body bytes came (0: none yet)
     slow: bool = False  # gone around for sending far slower than our pieces usually come
-    outcome: str = ""  # ok | absent | dead | failed
+    outcome: str = ""  # ok | absent | dead | failed | released (let go before a byte: asked again)
     gone_around_at: float = 0.0  # when the race judged it silent and asked the next ancestor (0: never)
 
 

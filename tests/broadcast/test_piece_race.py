@@ -97,13 +97,42 @@ def test_a_parent_that_cuts_a_piece_short_is_reported_and_its_piece_waits_for_ne
     at 1000 peers with 10% churn, a delta 2.85x and 3.32x the bound at seeds 1 and 2, 2.14x and 2.44x
     waiting for the tracker's answer to the report; docs/tree-simulation.md)."""
     b = book()
-    race = PieceRace(b, b.chain([P, G], 0.0), 0.0)
+    race = PieceRace(b, b.chain([P, G], 0.0), 0.0, size=1000)
     tr = race.start(0.0)
     b.answered(tr, 0.05)
+    b.body(tr, 100, 1.0)
     report = race.concluded(tr, "cut", 3.0, "payload not completed")
     assert report is not None and (report.src, report.reason) == (P, "dead")
     race.ended(tr, 3.1)
     assert race.result == "dead" and retry_plan("dead", 1, b).fresh_within > 0 and b.avoid[P] == 3.0 + AVOID_S
+
+
+def test_a_parent_that_lets_a_held_request_go_is_asked_again_and_reported_only_if_it_then_refuses():
+    """Cut before a byte came: an honest relay gives up holding a request after hold_s when its own parent is
+    slow, and a dead one closes every held request alike. A report at once cost honest children their
+    standing (across namespaces at 4 Mbit/s, 104 reports in 6 versions, none confirmed); asked again, a live
+    parent holds the request anew, a dead one refuses it and only then is reported."""
+    b = book()
+    race = PieceRace(b, b.chain([P, G], 0.0), 0.0, size=1000)
+    tr = race.start(0.0)
+    b.answered(tr, 0.05)
+    assert race.concluded(tr, "cut", 18.0, "payload not completed") is None and P not in b.avoid
+    (again,), cancel = race.ended(tr, 18.0)
+    assert again.src == P and not cancel and not race.result  # the same parent, not the grandparent
+    b.answered(again, 18.05)
+    assert race.concluded(again, "cut", 36.0) is None  # let go twice: alive, and slow; gone around quietly
+    (up,), _ = race.ended(again, 36.0)
+    assert up.src == G and not race.result and P in b.avoid
+
+    race = PieceRace(b, [G, ORIGIN], 40.0, size=1000)  # a dead parent: the second request is refused
+    tr = race.start(40.0)
+    b.answered(tr, 40.05)
+    assert race.concluded(tr, "cut", 41.0) is None
+    (again,), _ = race.ended(tr, 41.0)
+    report = race.concluded(again, "unreachable", 41.05, "connection refused")
+    assert report is not None and (report.src, report.reason) == (G, "dead")
+    race.ended(again, 41.1)
+    assert race.result == "dead" and retry_plan("dead", 1, b).fresh_within > 0
 
 
 def test_corrupt_sources_are_avoided_for_good_and_the_origin_never():
