@@ -91,6 +91,8 @@ async def two_faced(s, tracker: str, n: str, trickle: int, urls: tuple[str, ...]
             latest[0] = (await resp.json()).get("latest")
         if smart:
             async with s.get(f"{tracker}/tree") as resp:
+                if resp.status != 200:  # rate-limited: as we last saw it
+                    return
                 kids = {p["peer_id"]: any(p["children"]) for p in (await resp.json())["peers"]}
             for r in relays:
                 r.has_children = kids.get(r.ident.peer_id, False)

@@ -314,3 +314,25 @@ def test_doctor_connect_back_test(tmp_path):
                     assert r.status == 400
 
     run(scenario())
+
+
+def test_the_tree_view_is_rate_limited_per_address(tmp_path):
+    """/tree leaves on the origin's uplink, the one that feeds every tree: polled without bound from a few
+    addresses it took most of a shaped origin's uplink (bench/tree_attacks_netns.py). A burst of 10, then 2 a
+    second per address; the refusal says when to come back."""
+    async def main():
+        async with Lab(tmp_path) as lab:
+            async with aiohttp.ClientSession() as s:
+                codes = []
+                for _ in range(14):
+                    async with s.get(lab.origin.url + "/tree") as r:
+                        codes.append(r.status)
+                        retry = r.headers.get("Retry-After")
+                assert codes[:10] == [200] * 10 and 429 in codes[10:], codes
+                assert retry is not None and int(retry) >= 1
+                await asyncio.sleep(0.6)
+                async with s.get(lab.origin.url + "/tree") as r:
+                    assert r.status == 200  # refilled
+            assert lab.origin.tracker.refused["rate_limited"] >= 1
+
+    run(main())
