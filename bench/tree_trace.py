@@ -51,13 +51,11 @@ class TracingSwarm(Swarm):
         self.log = {"tries": [], "failed": collections.Counter(), "pieces": {}, "left": {}}
         self.fetch = TracingFetching(self, self.log)
         self.published: dict[int, float] = {}
-        self.parents: dict[int, list] = {}  # per version, each tree's parents as laid out when it left
         TracingSwarm.runs.append(self)
 
     def publish(self, v: int, size: int) -> None:
         self.published[v] = self.sim.now
         super().publish(v, size)
-        self.parents[v] = [dict(par) for par in self.tracker.forest.topology()[0]]
 
     def depart(self, p, graceful: bool) -> None:
         self.log["left"][p.idx] = (self.sim.now, "left" if graceful else "died")
@@ -101,24 +99,26 @@ def report(sw: TracingSwarm, v: int, late: int) -> None:
 
 def by_depth(sw: TracingSwarm, v: int) -> None:
     """Per tree and depth (1: the origin's children), when that tree's pieces reached the peers there: the
-    first and the last piece on average (the latest peer's last), and a piece's mean time from ask to hold."""
-    t0, pieces, parents = sw.published[v], sw.log["pieces"], sw.parents[v]
-    k, n = len(parents), sw.n_pieces(v)
+    first and the last piece on average (the latest peer's last), and a piece's mean time from ask to hold. A
+    peer's depth in a tree: hops from the origin along the sources its first piece of that tree came from."""
+    t0, pieces, k, n = sw.published[v], sw.log["pieces"], sw.trees, sw.n_pieces(v)
+    idx_of = {url: p.idx for url, p in sw.peers.items()}
+    print(f"  by depth (times after publishing v{v}):")
+    for t in range(min(k, n)):
+        up = {i: idx_of.get(src) for (vv, i, j), (_, src, _) in pieces.items() if vv == v and j == t}
 
-    def depth(t: int, pid: str | None) -> int:
-        d = 0
-        while pid is not None and d < 64:
-            d, pid = d + 1, parents[t].get(pid)
-        return d
+        def depth(i: int | None, up: dict = up) -> int:
+            d = 0
+            while i is not None and d < 64:
+                d, i = d + 1, up.get(i)
+            return d
 
-    print(f"  by depth (the layout as v{v} left; times after publishing):")
-    for t in range(k):
         rows = collections.defaultdict(list)
         for p in sw.peers.values():
             got = [pieces.get((v, p.idx, i)) for i in range(t, n, k)]
-            if p.pid in parents[t] and all(got):
-                rows[depth(t, p.pid)].append((min(g[0] for g in got) - t0, max(g[0] for g in got) - t0,
-                                              statistics.mean(g[0] - g[2] for g in got)))
+            if all(got):
+                rows[depth(p.idx)].append((min(g[0] for g in got) - t0, max(g[0] for g in got) - t0,
+                                           statistics.mean(g[0] - g[2] for g in got)))
         for d, r in sorted(rows.items()):
             print(f"    tree {t} depth {d}: {len(r):>4} peers, first piece {statistics.mean(x[0] for x in r):.2f} s, "
                   f"last {statistics.mean(x[1] for x in r):.2f} s (latest {max(x[1] for x in r):.2f}), ask to hold "
