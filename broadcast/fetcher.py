@@ -7,10 +7,13 @@ decide; this file only does the I/O. The simulator (bench/simlib) drives the sam
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
+import fcntl
 import logging
 import socket
+import termios
 import time
 
 import aiohttp
@@ -36,6 +39,18 @@ RECV_LOWAT = 64 << 10
 LOWAT_S = 0.05
 
 
+def _unread(sock: socket.socket | None) -> int:
+    """Bytes that reached this socket and wait to be read (FIONREAD); 0 when that cannot be told."""
+    if sock is None:
+        return 0
+    buf = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
+    except (OSError, ValueError):
+        return 0
+    return max(0, buf[0])
+
+
 def _wake_at(sock: socket.socket | None, nbytes: int) -> None:
     """The kernel wakes this socket's reader once `nbytes` are waiting (or the peer closed, or it errs)."""
     if sock is not None:
@@ -53,6 +68,7 @@ class PieceFetcher:
     def __init__(self, book: SourceBook, tracker: TrackerClient):
         self.book, self.tracker = book, tracker
         self._bg: set[asyncio.Task] = set()  # reports sent while the race goes on
+        self._bodies: dict[Try, tuple[aiohttp.ClientResponse, socket.socket | None]] = {}  # answers streaming
 
     def pending(self) -> list[asyncio.Task]:
         return list(self._bg)
@@ -90,6 +106,7 @@ class PieceFetcher:
         send([race.start(time.monotonic())])
         try:
             while not race.result:
+                self._peek(race)
                 new, at = race.look(time.monotonic())
                 send(new)
                 self._send_reports(race, st.version, index)
@@ -111,6 +128,17 @@ class PieceFetcher:
             for task in tasks.values():
                 task.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+    def _peek(self, race: PieceRace) -> None:
+        """What has reached us of each answer and waits to be read (in the kernel, or in aiohttp's buffer)
+        counts as delivered: the reader is woken in batches (RECV_LOWAT), and the race judges a source's
+        pace by what it delivered, not by what we got round to reading."""
+        now = time.monotonic()
+        for tr in race.tries:
+            body = self._bodies.get(tr)
+            if body is not None:
+                r, sock = body
+                self.book.waiting(tr, _unread(sock) + max(0, r.content.total_bytes - tr.got), now)
 
     def _send_reports(self, race: PieceRace, version: int, index: int) -> None:
         for r in race.reports:
@@ -165,6 +193,7 @@ class PieceFetcher:
         sent_from = None
         transport = r.connection.transport if r.connection is not None else None
         sock = transport.get_extra_info("socket") if transport is not None else None
+        self._bodies[tr] = (r, sock)
         try:
             async for chunk in r.content.iter_chunked(RECV_CHUNK):
                 now = time.monotonic()
@@ -179,6 +208,7 @@ class PieceFetcher:
                 rate = tr.got / (now - first_at) if now > first_at else 0.0
                 _wake_at(sock, min(int(rate * LOWAT_S), RECV_LOWAT, ref.size - r.content.total_bytes))
         finally:
+            self._bodies.pop(tr, None)
             _wake_at(sock, 1)  # the connection goes back to the pool: the next answer's headers wake us at once
             # Placement's evidence: how long it was sending, not holding (None: no way to tell).
             if chunks:

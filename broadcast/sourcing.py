@@ -27,6 +27,11 @@ SILENT_AVOID_S = 5.0  # a source silent through one race: avoided this long (a l
 IDLE_ROUNDS = 4  # an answered source may send nothing while this many pieces per tree come from elsewhere
 SLOW_FACTOR = 4  # a source sending a piece this many times slower than our usual pieces come is gone around
 MIN_RATE = 16 << 10  # bytes/s: slower than this a source is gone around whatever we usually see
+# A source's pace is judged once its bytes have come for this many answer deadlines: across namespaces
+# (tbf uplinks at 3.4 Mbit/s, 32 KiB pieces) honest parents' answers stalled for a second after their first
+# segments (TCP waiting out a loss in a full uplink queue), and judged after one deadline 42-46 pieces a
+# version were asked of an ancestor, most of the origin (docs/benchmarks.md).
+PACE_AFTER = 2
 POLL_S = 0.2  # how often a race looks again whether its newest request has fallen that far behind
 MAX_KNOWN = 256  # sources remembered per peer (the least recently heard are forgotten)
 
@@ -46,6 +51,7 @@ class Try:
     answered: bool = False  # response headers came
     answered_at: float = 0.0
     got: int = 0  # body bytes so far
+    unread: int = 0  # more bytes that reached us and wait to be read (the aiohttp peer reads in batches)
     size: int = 0  # the piece's (0: not known)
     first_at: float = 0.0  # when its first body bytes came (0: none yet)
     slow: bool = False  # gone around for sending far slower than our pieces usually come
@@ -126,6 +132,17 @@ class SourceBook:
         if n and not tr.first_at:
             tr.first_at = now
         tr.got += n
+        tr.unread = 0
+
+    def waiting(self, tr: Try, n: int, now: float) -> None:
+        """`n` bytes of tr's body have reached us and wait to be read: delivered, as far as its pace and its
+        silence go (the aiohttp peer is woken for a piece's bytes in batches, fetcher.py: at 3.4 Mbit/s
+        across namespaces, 32 KiB pieces, the batch was the piece's rest, and honest parents whose bytes
+        sat unread were judged too slow and gone around, 87 pieces a version)."""
+        tr.unread = max(0, n)
+        if n > 0:
+            self.heard(tr.src, now, body=True)
+            tr.first_at = tr.first_at or now
 
     def streaming(self, tr: Try, got: int, first_at: float, now: float) -> None:
         """A stream in progress has brought `got` bytes so far, the first at `first_at` (the simulator's
@@ -185,7 +202,7 @@ class SourceBook:
         cap = tr.started + max(deadline, usual)
         if now >= cap:
             return 0.0
-        pace = self.pace(tr, now) if tr.got else math.inf
+        pace = self.pace(tr, now) if tr.got or tr.unread else math.inf
         if pace == 0:
             tr.slow = True
             return 0.0
@@ -205,10 +222,11 @@ class SourceBook:
         the answer deadline at that rate; else when to judge again. Judged once its bytes have come for
         the answer deadline."""
         deadline = self._deadline(tr)
-        if (left := tr.first_at + deadline - now) > 0:  # as `silent` counts: a look at now + left judges
+        if (left := tr.first_at + PACE_AFTER * deadline - now) > 0:  # a look at now + left judges
             return left
-        rate = tr.got / max(now - tr.first_at, 1e-9)
-        if tr.size and tr.size - tr.got <= rate * deadline:
+        got = tr.got + tr.unread
+        rate = got / max(now - tr.first_at, 1e-9)
+        if tr.size and tr.size - got <= rate * deadline:
             return deadline  # nearly there
         expect = MIN_RATE
         if tr.size and self.latency_s:

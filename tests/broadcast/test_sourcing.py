@@ -202,3 +202,25 @@ def test_a_dead_parents_piece_is_asked_of_the_parents_the_tracker_gives_next_not
     peer, grandparent, origin, dead = asyncio.run(main())
     assert grandparent.asked == [] and list(peer.received) == [origin]
     assert dead in peer.book.avoid
+
+
+def test_bytes_waiting_in_the_kernel_are_counted_as_delivered():
+    """The fetcher's view of what reached a piece's socket and waits to be read (FIONREAD): the reader is
+    woken in batches, and the race judges a source's pace by what it delivered (fetcher._peek)."""
+    from broadcast.fetcher import _unread
+
+    a, b = socket.socketpair()
+    try:
+        assert _unread(b) == 0
+        a.sendall(b"x" * 5000)
+        end = time.monotonic() + 2.0
+        while _unread(b) < 5000 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert _unread(b) == 5000
+        b.recv(3000)
+        assert _unread(b) == 2000
+        assert _unread(None) == 0
+    finally:
+        a.close()
+        b.close()
+    assert _unread(b) == 0  # closed: cannot be told
