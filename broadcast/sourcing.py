@@ -220,7 +220,7 @@ class SourceBook:
         the rate at which our pieces usually arrive (their size over our usual piece latency, which counts
         holds and turns, so an honest parent sends faster than that), and it would not be done within
         the answer deadline at that rate; else when to judge again. Judged once its bytes have come for
-        the answer deadline."""
+        PACE_AFTER answer deadlines, on the bytes that reached us (read, or waiting: `waiting`)."""
         deadline = self._deadline(tr)
         if (left := tr.first_at + PACE_AFTER * deadline - now) > 0:  # a look at now + left judges
             return left
