@@ -211,11 +211,7 @@ class SourceBook:
             return min(left, cap - now, pace)
         if self.pieces_in - count >= rounds * self.trees:
             return 0.0
-        # Never past the relays' own hold: an honest parent lets a held request go by then (and is asked
-        # again, the next ancestor beside it: piece_race.py), so waiting longer only serves one that answers
-        # and sends nothing (in the attack lab, 4 usual latencies were over the stall timeout: 30 s a piece
-        # for each silent ancestor, and a chain of them stopped a version).
-        limit = min(self.cfg.stall_timeout if self.latency_s is None else rounds * self.latency_s, self.cfg.hold_s)
+        limit = self.cfg.stall_timeout if self.latency_s is None else rounds * self.latency_s
         left = min(since + limit, cap) - now
         return 0.0 if left <= 0 else min(left, POLL_S, pace)
 
