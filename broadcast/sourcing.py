@@ -137,12 +137,13 @@ class SourceBook:
     def waiting(self, tr: Try, n: int, now: float) -> None:
         """`n` bytes of tr's body have reached us and wait to be read: delivered, as far as its pace and its
         silence go (the aiohttp peer is woken for a piece's bytes in batches, fetcher.py: at 3.4 Mbit/s
-        across namespaces, 32 KiB pieces, the batch was the piece's rest, and honest parents whose bytes
-        sat unread were judged too slow and gone around, 87 pieces a version)."""
-        tr.unread = max(0, n)
-        if n > 0:
+        across namespaces, 32 KiB pieces, the batch was the piece's rest; judged on the bytes read, 87-99
+        pieces a version went around honest parents, on these too 42-46). Heard from only if more came."""
+        n = max(0, n)
+        if n > tr.unread:
             self.heard(tr.src, now, body=True)
             tr.first_at = tr.first_at or now
+        tr.unread = n
 
     def streaming(self, tr: Try, got: int, first_at: float, now: float) -> None:
         """A stream in progress has brought `got` bytes so far, the first at `first_at` (the simulator's

@@ -34,6 +34,8 @@ def test_a_pace_is_judged_by_the_bytes_that_reached_us_not_by_those_read_and_aft
     assert race.look(1.2)[0] == []  # one deadline in: not judged yet (a stall of a second is TCP's, not a pace)
     b.waiting(tr, 26064, 2.0)  # waiting to be read: delivered (nearly all of it)
     assert race.look(2.15)[0] == [] and not tr.slow
+    b.waiting(tr, 26064, 2.2)  # nothing more came: not heard from again
+    assert b.last_bytes[P][0] == 2.0
     b.body(tr, size - 2896, 2.3)
     assert tr.got == size and tr.unread == 0
     race2 = PieceRace(b, b.chain([P, G], 3.0), 3.0, size)  # the same bytes, none waiting: gone around
