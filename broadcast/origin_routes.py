@@ -237,7 +237,7 @@ class OriginRoutes:
         assert self.origin.tracker
         if wait := self.view_limit.take(request.remote or "?", time.monotonic()):
             self.origin.tracker.count("rate_limited")
-            raise web.HTTPTooManyRequests(text=f"/tree: at most 2 a second per address: retry in {wait:.1f}s",
+            raise web.HTTPTooManyRequests(text=f"/tree: at most {self.view_limit.rate:g} a second per address: retry in {wait:.1f}s",
                                           headers={"Retry-After": str(max(1, round(wait)))})
         return _json(self.origin.tracker.view(self.origin.latest, sorted(self.origin.versions)))
 

@@ -58,6 +58,11 @@ class Try:
     outcome: str = ""  # ok | absent | dead | failed | released (let go before a byte: asked again)
     gone_around_at: float = 0.0  # when the race judged it silent and asked the next ancestor (0: never)
 
+    @property
+    def delivered(self) -> int:
+        """Body bytes that reached us: read, or waiting to be read."""
+        return self.got + self.unread
+
 
 class SourceBook:
     """Per peer: the avoid list, the smoothed answer time and piece latency, when each source was last
@@ -203,7 +208,7 @@ class SourceBook:
         cap = tr.started + max(deadline, usual)
         if now >= cap:
             return 0.0
-        pace = self.pace(tr, now) if tr.got or tr.unread else math.inf
+        pace = self.pace(tr, now) if tr.delivered else math.inf
         if pace == 0:
             tr.slow = True
             return 0.0
@@ -225,9 +230,8 @@ class SourceBook:
         deadline = self._deadline(tr)
         if (left := tr.first_at + PACE_AFTER * deadline - now) > 0:  # a look at now + left judges
             return left
-        got = tr.got + tr.unread
-        rate = got / max(now - tr.first_at, 1e-9)
-        if tr.size and tr.size - got <= rate * deadline:
+        rate = tr.delivered / max(now - tr.first_at, 1e-9)
+        if tr.size and tr.size - tr.delivered <= rate * deadline:
             return deadline  # nearly there
         expect = MIN_RATE
         if tr.size and self.latency_s:
