@@ -72,6 +72,9 @@ class TrackerClient:
         self.heartbeat_s = 2.0
         self.sources: list[list[str]] = [[]]  # per tree: the relays above us, parent first
         self.sources_tag = ""  # the tracker's name for them: it sends them again only when they change
+        # One heartbeat at a time: an answer saying "unchanged since tag T" read after a later beat's answer
+        # had moved us past T was taken for a malformed assignment (a download's start beats beside the loop).
+        self._beat = asyncio.Lock()
         self.low: frozenset[str] = frozenset()  # addresses below us sent to after the others (uplink_share.py)
         self.on_trial: frozenset[str] = frozenset()  # our sources on trial (trials.py): gone around sooner
         self.url: str | None = None  # as the tracker gives it to others
@@ -181,6 +184,10 @@ class TrackerClient:
 
     # -- heartbeats -----------------------------------------------------------------------------------
     async def heartbeat_once(self) -> None:
+        async with self._beat:
+            await self._heartbeat()
+
+    async def _heartbeat(self) -> None:
         if not self.peer_id:
             return
         h = self.holdings()
