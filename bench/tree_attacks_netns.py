@@ -156,10 +156,11 @@ def run_attack(mode: str, args: argparse.Namespace, root: Path) -> dict:
         o.send("stop")
         for p in relays:
             p.terminate()
-    b = statistics.median(base)
+    b = None if None in base else statistics.median(base)  # None: an unattacked version stopped too
     t = None if None in hit else statistics.median(hit)
     return {"attack": mode, "smart": args.smart, "trusted": args.trusted, "first_s": first, "unattacked_s": base,
-            "attacked_s": hit, "ratio": None if t is None else t / b, **{k: v for k, v in end.items() if k != "urls"}}
+            "attacked_s": hit, "ratio": None if t is None or b is None else t / b,
+            **{k: v for k, v in end.items() if k != "urls"}}
 
 
 def main() -> None:
@@ -198,8 +199,8 @@ def main() -> None:
         for mode in args.attacks:
             r = run_attack(mode, args, (args.keep or Path(td)) / mode)
             rows.append(r)
-            fmt = ", ".join("-" if x is None else f"{x:.1f}" for x in r["attacked_s"])
-            print(f"{mode:<8} {', '.join(f'{x:.1f}' for x in r['unattacked_s']):>15} {fmt:>22} "
+            base, fmt = (", ".join("-" if x is None else f"{x:.1f}" for x in r[k]) for k in ("unattacked_s", "attacked_s"))
+            print(f"{mode:<8} {base:>15} {fmt:>22} "
                   f"{'-' if r['ratio'] is None else format(r['ratio'], '.2f'):>6}  {r['honest_demoted']}/"
                   f"{r['honest_banned']}/{r['honest_penalized']}, {r['attackers_with_standing']} of "
                   f"{r['attackers']}", flush=True)
