@@ -201,8 +201,8 @@ class SourceBook:
         slower than our pieces usually do (`pace`) is gone around too (issue 29: slow-loris). A source on
         trial (placed over us to be judged, trials.py) gets one usual piece latency where others get
         IDLE_ROUNDS, and no longer than that for its answer; so does a source asked once the piece was late
-        (`Try.late`: another source let it down in this race, or this one sent us nothing through its last
-        race with us): patience is given once. Against a chain of silent keys atop a tree, each cost a
+        (`Try.late`: another source let it down in this race, or this one never sent us a piece and sent
+        nothing through its last race with us): patience is given once. Against a chain of silent keys atop a tree, each cost a
         child 4 usual latencies, past the stall timeout (30 s) in a slow swarm, and the version never came
         (issue 29's friends across namespaces, docs/benchmarks.md)."""
         deadline = self._deadline(tr)
