@@ -127,7 +127,7 @@ def test_patience_is_given_once_a_source_asked_late_or_silent_before_gets_one_us
     b.piece_in(third, 256 << 10, 26.0, 25.2)
     race.ended(third, 26.0)
     assert race.result == "ok" and b.silences == {P: 1, G: 1}
-    b.latency_s = 5.0
+    b.latency_s = 5.0  # (the origin's quick piece moved the mean; as it was)
     again = PieceRace(b, b.chain([P, G], 40.0), 40.0, size=256 << 10)  # their avoid is over
     tr = again.start(40.0)
     b.answered(tr, 40.05)
