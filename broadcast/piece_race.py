@@ -57,16 +57,10 @@ class PieceRace:
         return self._ask_next(now)
 
     def _ask_next(self, now: float) -> Try:
-        tr = self._try(self.chain[self.pos], now)
+        tr = Try(self.chain[self.pos], now, self.book.pieces_in, size=self.size)
         self.pos += 1
         self.tries.append(tr)
         return tr
-
-    def _try(self, src: str, now: float) -> Try:
-        # Late: another source let this piece down already, or this one has never sent us a piece and sent
-        # us nothing through its last race (an honest relay held up by its own parent has delivered before).
-        late = self.pos > 0 or (self.book.silences.get(src, 0) > 0 and not self.book.received.get(src))
-        return Try(src, now, self.book.pieces_in, size=self.size, late=late)
 
     def look(self, now: float) -> tuple[list[Try], float | None]:
         """Go around the newest request if it is silent. -> (tries to send, when to look again; None: only
@@ -140,7 +134,7 @@ class PieceRace:
             self.reasked.add(tr.src)
             if self.tries:
                 return [], []
-            again = self._try(tr.src, now)
+            again = Try(tr.src, now, self.book.pieces_in, size=self.size)
             self.tries.append(again)
             return [again], []
         elif not self.tries:

@@ -57,7 +57,6 @@ class Try:
     slow: bool = False  # gone around for sending far slower than our pieces usually come
     outcome: str = ""  # ok | absent | dead | failed | released (let go before a byte: asked again)
     gone_around_at: float = 0.0  # when the race judged it silent and asked the next ancestor (0: never)
-    late: bool = False  # asked once the piece was late (one round of patience: `SourceBook.silent`)
 
     @property
     def delivered(self) -> int:
@@ -200,17 +199,12 @@ class SourceBook:
         subtree back (docs/tree-simulation.md). And one byte is not progress: a source whose bytes come far
         slower than our pieces usually do (`pace`) is gone around too (issue 29: slow-loris). A source on
         trial (placed over us to be judged, trials.py) gets one usual piece latency where others get
-        IDLE_ROUNDS, and no longer than that for its answer; so does a source asked once the piece was late
-        (`Try.late`: another source let it down in this race, or this one never sent us a piece and sent
-        nothing through its last race with us): patience is given once. Against a chain of silent keys atop a tree, each cost a
-        child 4 usual latencies, past the stall timeout (30 s) in a slow swarm, and the version never came
-        (issue 29's friends across namespaces, docs/benchmarks.md)."""
+        IDLE_ROUNDS, and no longer than that for its answer."""
         deadline = self._deadline(tr)
-        trial = 1 if tr.src in self.on_trial else IDLE_ROUNDS
-        rounds = 1 if tr.late else trial  # of silence (a late source's trickle is capped as anyone's)
+        rounds = 1 if tr.src in self.on_trial else IDLE_ROUNDS
         if not tr.answered:
             return max(0.0, max(tr.started, self.last_heard.get(tr.src, 0.0)) + deadline - now)
-        usual = self.cfg.stall_timeout if self.latency_s is None else trial ** 2 * self.latency_s
+        usual = self.cfg.stall_timeout if self.latency_s is None else rounds ** 2 * self.latency_s
         cap = tr.started + max(deadline, usual)
         if now >= cap:
             return 0.0

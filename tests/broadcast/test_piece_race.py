@@ -105,40 +105,6 @@ def test_a_parent_that_answered_is_waited_for_while_it_sends_at_a_pace_and_a_tri
     assert t - 50.0 <= 1.0 + PACE_AFTER * b.deadline() and tr3.slow and gone[0].src == ORIGIN
 
 
-def test_patience_is_given_once_a_source_asked_late_or_silent_before_gets_one_usual_latency():
-    """Across namespaces a chain of silent keys atop a tree cost each honest child 4 usual latencies per key,
-    past the stall timeout in a slow swarm (30 s each), and the version never came (issue 29's friends). A
-    source asked once the piece is late (another let it down), or one that sent us nothing through its last
-    race and never sent us a piece, gets one usual latency of silence, as a source on trial does."""
-    b = book()
-    b.latency_s = 5.0  # a slow swarm: our pieces usually take 5 s
-    race = PieceRace(b, b.chain([P, G], 0.0), 0.0, size=256 << 10)
-    tr = race.start(0.0)
-    b.answered(tr, 0.05)
-    assert not tr.late and race.look(19.9)[0] == []  # the parent: 4 usual latencies
-    (second,), _ = race.look(20.0)
-    assert second.src == G and second.late
-    b.answered(second, 20.1)
-    assert race.look(24.9)[0] == []  # the grandparent, asked late: one usual latency
-    (third,), _ = race.look(25.0)
-    assert third.src == ORIGIN
-    b.answered(third, 25.1)
-    b.body(third, 256 << 10, 26.0)
-    b.piece_in(third, 256 << 10, 26.0, 25.2)
-    race.ended(third, 26.0)
-    assert race.result == "ok" and b.silences == {P: 1, G: 1}
-    b.latency_s = 5.0  # (the origin's quick piece moved the mean; as it was)
-    again = PieceRace(b, b.chain([P, G], 40.0), 40.0, size=256 << 10)  # their avoid is over
-    tr = again.start(40.0)
-    b.answered(tr, 40.05)
-    assert tr.late and again.look(44.9)[0] == [] and again.look(45.0)[0][0].src == G
-    b.body(tr, 1000, 45.5)
-    b.piece_in(tr, 256 << 10, 46.0, 45.5)  # it delivered: patience again next time
-    assert P not in b.silences and not PieceRace(b, [P, ORIGIN], 50.0).start(50.0).late
-    b.silences[P] = 1  # silent through a race once, having delivered before: still patience (it may be held
-    assert not PieceRace(b, [P, ORIGIN], 60.0).start(60.0).late  # up by its own parent)
-
-
 def test_a_dead_parent_is_reported_and_its_piece_waits_for_the_trackers_new_parents():
     b = book()
     race = PieceRace(b, b.chain([P, G], 0.0), 0.0)
