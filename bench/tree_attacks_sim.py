@@ -19,7 +19,10 @@ honest peer present, the ratio, and the honest relays ever demoted.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import json
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -36,10 +39,12 @@ CHURN_SPAN_S = 4.0  # about half an unattacked version at the defaults
 
 
 def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, versions: int,
-        churn: float = 0.0) -> dict:
+        churn: float = 0.0, seed: int = 0) -> dict:
+    """One swarm's versions. `seed`: the churn's draws, the tracker's peer ids and its order among equals
+    (seed 0 is the run this bench made before it took seeds)."""
     sim = Sim()
     sw = Swarm(sim, Host("origin", rate, float("inf"), 0.0005), OriginConfig(heartbeat_s=1.0),
-               PeerConfig(stall_timeout=60.0), piece, probes=False)
+               PeerConfig(stall_timeout=60.0), piece, probes=False, seed=f" {seed}" if seed else "")
     peers = [sw.new_peer(i, Host(f"p{i}", rate, float("inf"), 0.0005)) for i in range(n)]
     for i, p in enumerate(peers):
         sim.at(0.5 * i / n, sw.arrive, p)  # join order: the attackers first (all joined before 0.9 s)
@@ -74,7 +79,7 @@ def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, 
     sim.at(1.0, tick)
     sw.on_all_done = lambda: setattr(sim, "stopped", True)
     t0, took = 2.0, []
-    rng, moves = random.Random(7), int(churn * n / 2)
+    rng, moves = random.Random(7 + seed), int(churn * n / 2)
     for v in range(1, versions + 1):
         sim.stopped = False
         sim.at(t0, sw.publish, v, size)
@@ -91,6 +96,14 @@ def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, 
     return {"took": took, "demoted": len(ever_demoted), "reports": dict(sw.reports)}
 
 
+def _one(job: tuple) -> tuple[str, int, dict]:
+    attack, seed, args = job
+    k = args.attackers or args.n // 3
+    r = run(args.n, k, int(args.size_mib * MiB), args.piece_kib << 10, args.rate_mbit * 1e6 / 8,
+            None if attack == "none" else attack, args.versions, args.churn, seed)
+    return attack, seed, r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=32)
@@ -101,20 +114,39 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--attack", nargs="+", default=list(ATTACKS), choices=ATTACKS)
     ap.add_argument("--churn", type=float, default=0.0, help="share of N that leaves and arrives each version")
+    ap.add_argument("--seed", type=int, nargs="+", default=[0],
+                    help="one swarm per seed (churn, peer ids, order among equals); with several, a summary. "
+                         "Runs repeat exactly: one seed is one draw, not the design")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once, in worker processes")
+    ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     k = args.attackers or args.n // 3
     size, rate = int(args.size_mib * MiB), args.rate_mbit * 1e6 / 8
     print(f"N = {args.n}, K = {k} attackers (the first to join), S = {args.size_mib} MiB, B = {args.rate_mbit} "
           f"Mbit/s, S/B = {size / rate:.1f} s, {args.versions} versions, churn {args.churn:.0%}; seconds until "
-          "the last honest peer present held each version")
-    base = run(args.n, k, size, piece := args.piece_kib << 10, rate, None, args.versions, args.churn)
-    print(f"{'attack':<10} {'per version (s)':<28} {'x unattacked':<24} honest demoted")
-    print(f"{'none':<10} {str([round(x, 1) for x in base['took']]):<28} {'':<24} {base['demoted']}")
-    for attack in args.attack:
-        r = run(args.n, k, size, piece, rate, attack, args.versions, args.churn)
-        ratio = [round(a / b, 2) for a, b in zip(r["took"], base["took"], strict=True)]
-        print(f"{attack:<10} {str([round(x, 1) for x in r['took']]):<28} {str(ratio):<24} {r['demoted']}  "
-              f"reports {r['reports']}", flush=True)
+          "the last honest peer present held each version", flush=True)
+    jobs = [(a, seed, args) for seed in args.seed for a in ["none", *args.attack]]
+    with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        results = {(a, seed): r for a, seed, r in pool.map(_one, jobs)}
+    print(f"{'seed':<5} {'attack':<10} {'per version (s)':<28} {'x unattacked':<24} honest demoted")
+    ratios: dict[str, list[list[float]]] = {a: [] for a in args.attack}
+    for seed in args.seed:
+        base = results["none", seed]
+        print(f"{seed:<5} {'none':<10} {str([round(x, 1) for x in base['took']]):<28} {'':<24} {base['demoted']}")
+        for attack in args.attack:
+            r = results[attack, seed]
+            ratio = [round(a / b, 2) for a, b in zip(r["took"], base["took"], strict=True)]
+            ratios[attack].append(ratio)
+            print(f"{seed:<5} {attack:<10} {str([round(x, 1) for x in r['took']]):<28} {str(ratio):<24} "
+                  f"{r['demoted']}  reports {r['reports']}")
+    if len(args.seed) > 1:
+        print(f"over seeds {', '.join(map(str, args.seed))}: per version, mean (max) x unattacked")
+        for attack, rs in ratios.items():
+            cols = [f"{statistics.mean(v):.2f} ({max(v):.2f})" for v in zip(*rs, strict=True)]
+            print(f"  {attack:<10} {'  '.join(cols)}")
+    if args.json:
+        args.json.write_text(json.dumps([{"attack": a, "seed": seed, **r} for (a, seed), r in results.items()],
+                                        indent=1))
 
 
 if __name__ == "__main__":

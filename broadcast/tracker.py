@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import datetime
 import secrets
+from collections.abc import Callable
 
 from .bans import Bans, TrackerError
 from .forest import Children, Forest, Parents
@@ -33,9 +34,11 @@ MAX_LOW = 256  # addresses in TreeSources.low
 class Tracker:
     def __init__(self, origin_url: str, trees: int, fanout: int, heartbeat_s: float = 2.0, *,
                  clock: Clock | None = None, max_peers: int = 1000, reserved_share: float = 0.0,
-                 penalty_limit: float = 5.0, prove_bytes: int = 1 << 16, order_key: bytes | None = None):
+                 penalty_limit: float = 5.0, prove_bytes: int = 1 << 16, order_key: bytes | None = None,
+                 token_hex: Callable[[int], str] = secrets.token_hex):
         """`clock`: monotonic() and time() (the `time` module; None: a ManualClock at 0, for tests);
-        `order_key`: the layout's order among equals (forest.py; None: secret, a simulator passes its own)."""
+        `order_key`: the layout's order among equals (forest.py; None: secret, a simulator passes its own);
+        `token_hex`: where peer ids and tokens come from (a simulator passes a seeded one: runs repeat)."""
         if trees < 1 or fanout < 1:
             raise ValueError("trees and fanout must be >= 1")
         self.origin_url, self.trees, self.fanout = origin_url, trees, fanout
@@ -51,6 +54,7 @@ class Tracker:
         self.refused: collections.Counter[str] = collections.Counter()
         self.events: collections.deque[str] = collections.deque(maxlen=200)
         self._seq = 0
+        self._token_hex = token_hex
         self._vouching = (float("-inf"), False)  # (when looked, whether any member vouches)
         self.forest = Forest(self.peers, trees, fanout, self.tier, order_key)
 
@@ -159,7 +163,7 @@ class Tracker:
         """Admit a member. `key` is its verified identity (None: an in-process caller, given a throwaway
         one); `url` its checked address (default msg.url); `reachable` what the connect-back found."""
         url = msg.url if url is None else url
-        key = key or "anon-" + secrets.token_hex(8)
+        key = key or "anon-" + self._token_hex(8)
         self.check_admission(key, url)
         if url is not None and (holder := self.url_holder(url, key)) is not None:
             raise TrackerError(409, f"{url} is held by another live peer ({holder.peer_id})", "url_taken")
@@ -167,7 +171,7 @@ class Tracker:
             self.remove(p.peer_id, "rejoined")  # one live membership per key: a restart replaces it
         self._seq += 1
         relay = msg.relay and url is not None
-        rec = PeerRec(secrets.token_hex(8), secrets.token_hex(16), msg.name[:64], url, relay, self._seq, key,
+        rec = PeerRec(self._token_hex(8), self._token_hex(16), msg.name[:64], url, relay, self._seq, key,
                       reachable=reachable if relay else None, reach_error=reach_error[:200],
                       last_hb=self.clock.monotonic(), addr=observed_host[:64])
         if rec.interior_capable:

@@ -46,8 +46,9 @@ class Host:
     def __init__(self, name: str, up: float, down: float, lat: float):
         self.name, self.up, self.down, self.lat = name, up, down, lat
         self.low_share = 0.0  # >0: transfers marked low get at least this share of `up` while others run
-        self.outs: set[Xfer] = set()
-        self.ins: set[Xfer] = set()
+        # Dicts, not sets: iterated in the order transfers began, not by memory address (runs repeat).
+        self.outs: dict[Xfer, None] = {}
+        self.ins: dict[Xfer, None] = {}
         self.alive = True
         self.gen = 0  # one pending "next transfer done" event per uplink; older ones are stale
 
@@ -75,8 +76,8 @@ class Net:
         x = Xfer(src, dst, size, on_end, low)
         x.t = self.sim.now
         old_cap = dst.down / len(dst.ins) if dst.ins else 0.0
-        src.outs.add(x)
-        dst.ins.add(x)
+        src.outs[x] = None
+        dst.ins[x] = None
         self._replan(src, dst, old_cap, shrink=True)
         return x
 
@@ -101,8 +102,8 @@ class Net:
         if ok:
             self.bytes_moved += x.size
         old_cap = dst.down / len(dst.ins)
-        src.outs.discard(x)
-        dst.ins.discard(x)
+        src.outs.pop(x, None)
+        dst.ins.pop(x, None)
         self._replan(src, dst, old_cap, shrink=False)
         x.on_end(x, ok)
 

@@ -104,7 +104,7 @@ class Fetching:
         if rs.reqs.pop(req.tr, None) is None or not self._current(p, rs):
             return
         req.state = "over"
-        p.sending.discard(req)
+        p.sending.pop(req, None)
         now = self.sw.sim.now
         new, cancel = rs.race.ended(req.tr, now)
         for tr in cancel:
@@ -142,10 +142,10 @@ class Fetching:
     def _cancel(self, req: Req) -> None:
         """The race is over: this try's task is cancelled (its connection closed)."""
         state, req.state = req.state, "over"
-        req.peer.sending.discard(req)
+        req.peer.sending.pop(req, None)
         src = req.src
         if src is not None:
-            src.serving.discard(req)
+            src.serving.pop(req, None)
             if state == "held" and req in src.held.get(req.index, ()):
                 src.held[req.index].remove(req)
         if state == "queued":
@@ -172,7 +172,7 @@ class Fetching:
         else:
             req.state = "held"
             src.held[req.index].append(req)
-            src.serving.add(req)
+            src.serving[req] = None
             self.sw.sim.after(self.sw.peer_cfg.hold_s, self._hold_over, req)
 
     def _hold_over(self, req: Req) -> None:
@@ -185,7 +185,7 @@ class Fetching:
         """The piece is here: the request waits its turn among the child's on that tree."""
         req.state = "queued"
         if req.src is not None:
-            req.src.serving.add(req)
+            req.src.serving[req] = None
         if self._turns(req).arrive(req.key, req):
             self._start(req)
 
@@ -194,13 +194,13 @@ class Fetching:
         while req is not None and not req.peer.host.alive:  # the child is gone: nothing to send it
             req.state = "over"
             if req.src is not None:
-                req.src.serving.discard(req)
+                req.src.serving.pop(req, None)
             nxt = self._turns(req).leave(req.key, req)
             req = nxt if isinstance(nxt, Req) and nxt.state == "queued" else None
         if req is None:
             return
         req.state, req.sent_from = "sending", sw.sim.now
-        req.peer.sending.add(req)
+        req.peer.sending[req] = None
         size = sw.piece_size(req.rs.version, req.index)
         src_host = sw.origin.host if req.src is None else req.src.host
         # Sent after others (broadcast/uplink_share.py): by the origin to members not first in line, by a
@@ -213,7 +213,7 @@ class Fetching:
         if isinstance(nxt, Req) and nxt.state == "queued":
             self._start(nxt)
         if req.src is not None:
-            req.src.serving.discard(req)
+            req.src.serving.pop(req, None)
             req.src.served_bytes += size if ok else 0
         if req.state == "sending" and ok:
             self.sw.sim.after(self._lat(req), self._arrived, req, size)
@@ -224,7 +224,7 @@ class Fetching:
             if req.state == "queued":
                 self._turns(req).leave(req.key, req)
             req.state = "over"
-            req.peer.sending.discard(req)
+            req.peer.sending.pop(req, None)
             if req.src is not None:
-                req.src.serving.discard(req)
+                req.src.serving.pop(req, None)
             self.sw.sim.after(self._lat(req), self._conclude, req, "cut", "cut short")

@@ -52,11 +52,13 @@ class SimClock:
 
 
 class SimOrigin:
-    def __init__(self, sw: World, host: Host, cfg: OriginConfig, probes: bool = True):
+    def __init__(self, sw: World, host: Host, cfg: OriginConfig, probes: bool = True, seed: str = ""):
         self.sw, self.host, self.cfg = sw, host, cfg
         self.url = ORIGIN
+        ids = random.Random(f"simulated ids{seed}")  # not secrets: the same seed, the same run
         self.tracker = Tracker(ORIGIN, cfg.n_trees, cfg.fanout, cfg.heartbeat_s, clock=SimClock(sw.sim),
-                               max_peers=1 << 20, order_key=b"simulated tracker")  # churn: N + arrivals
+                               max_peers=1 << 20, order_key=f"simulated tracker{seed}".encode(),  # churn: N + arrivals
+                               token_hex=lambda n: ids.randbytes(n).hex())
         self.turns = TurnQueue()  # its children's requests take turns, as a relay's
         host.low_share = LOW_SHARE  # members without standing share this much while others are sent to
         self.gate = ReportGate()

@@ -65,8 +65,9 @@ class SimPeer:
         self.have = bytearray()
         self.n_have = 0
         self.held: dict[int, list[Req]] = collections.defaultdict(list)  # children's requests waiting here
-        self.serving: set[Req] = set()  # requests this peer answered and has not finished (cut if it goes)
-        self.sending: set[Req] = set()  # our requests whose bytes are arriving now
+        # Dicts, not sets: iterated in insertion order, not by memory address (runs repeat).
+        self.serving: dict[Req, None] = {}  # requests this peer answered and has not finished (cut if it goes)
+        self.sending: dict[Req, None] = {}  # our requests whose bytes are arriving now
         self.turns = TurnQueue()  # our children's requests take turns
         self.queues: list[collections.deque] = []
         self.complete: list[int] = []

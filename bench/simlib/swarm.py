@@ -20,15 +20,16 @@ __all__ = ["SimPeer", "Swarm"]
 
 class Swarm:
     def __init__(self, sim: Sim, origin: Host, origin_cfg: OriginConfig, peer_cfg: PeerConfig, piece: int,
-                 report_uploads: bool = True, probes: bool = True):
+                 report_uploads: bool = True, probes: bool = True, seed: str = ""):
         """`report_uploads`: peers tell the tracker what they received (False: placement has no evidence);
-        `probes`: the origin times relays' uplinks (broadcast/uplink_plan.py)."""
+        `probes`: the origin times relays' uplinks (broadcast/uplink_plan.py); `seed`: the tracker's peer ids
+        and its layout's order among equals are drawn from it (the same seed, the same run)."""
         self.sim, self.net = sim, Net(sim)
         self.origin_cfg, self.peer_cfg = origin_cfg, peer_cfg
         self.trees, self.piece = origin_cfg.n_trees, piece
         self.report_uploads = report_uploads
         self.peers: dict[str, SimPeer] = {}  # by url
-        self.origin = SimOrigin(self, origin, origin_cfg, probes)
+        self.origin = SimOrigin(self, origin, origin_cfg, probes, seed)
         self.fetch = Fetching(self)
         self.latest = 0
         self.sizes: dict[int, int] = {}
