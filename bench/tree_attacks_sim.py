@@ -2,7 +2,8 @@
 broadcast/'s tracker, verdicts and piece races on simulated time; docs/tree-simulation.md).
 
 N peers with equal uplinks B, a new swarm (no probes: the join-order layout), `--versions` versions of S in
-a row. The honest peers are the simulator's usual ones (keys the trainer trusts); the first K peers to join
+a row. The honest peers are the simulator's usual ones (keys the trainer trusts; with `--strangers`, fresh
+keys as well, as in a public swarm of strangers); the first K peers to join
 (a third by default) are attackers with fresh keys that pass the origin's checks (the simulated check reads
 whether the relay holds the piece, not how it serves others: the attackers can tell the origin apart, as a
 leaf always can) and then:
@@ -39,12 +40,14 @@ CHURN_SPAN_S = 4.0  # about half an unattacked version at the defaults
 
 
 def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, versions: int,
-        churn: float = 0.0, seed: int = 0) -> dict:
+        churn: float = 0.0, seed: int = 0, strangers: bool = False) -> dict:
     """One swarm's versions. `seed`: the churn's draws, the tracker's peer ids and its order among equals
-    (seed 0 is the run this bench made before it took seeds)."""
+    (seed 0 is the run this bench made before it took seeds); `strangers`: the honest keys are not trusted
+    either, and earn standing as any key does."""
     sim = Sim()
     sw = Swarm(sim, Host("origin", rate, float("inf"), 0.0005), OriginConfig(heartbeat_s=1.0),
-               PeerConfig(stall_timeout=60.0), piece, probes=False, seed=f" {seed}" if seed else "")
+               PeerConfig(stall_timeout=60.0), piece, probes=False, seed=f" {seed}" if seed else "",
+               trusted=not strangers)
     peers = [sw.new_peer(i, Host(f"p{i}", rate, float("inf"), 0.0005)) for i in range(n)]
     for i, p in enumerate(peers):
         sim.at(0.5 * i / n, sw.arrive, p)  # join order: the attackers first (all joined before 0.9 s)
@@ -100,7 +103,7 @@ def _one(job: tuple) -> tuple[str, int, dict]:
     attack, seed, args = job
     k = args.attackers or args.n // 3
     r = run(args.n, k, int(args.size_mib * MiB), args.piece_kib << 10, args.rate_mbit * 1e6 / 8,
-            None if attack == "none" else attack, args.versions, args.churn, seed)
+            None if attack == "none" else attack, args.versions, args.churn, seed, args.strangers)
     return attack, seed, r
 
 
@@ -117,13 +120,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, nargs="+", default=[0],
                     help="one swarm per seed (churn, peer ids, order among equals); with several, a summary. "
                          "Runs repeat exactly: one seed is one draw, not the design")
+    ap.add_argument("--strangers", action="store_true",
+                    help="honest peers join as strangers too (no key the trainer trusts), as in a public swarm")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once, in worker processes")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     k = args.attackers or args.n // 3
     size, rate = int(args.size_mib * MiB), args.rate_mbit * 1e6 / 8
     print(f"N = {args.n}, K = {k} attackers (the first to join), S = {args.size_mib} MiB, B = {args.rate_mbit} "
-          f"Mbit/s, S/B = {size / rate:.1f} s, {args.versions} versions, churn {args.churn:.0%}; seconds until "
+          f"Mbit/s, S/B = {size / rate:.1f} s, {args.versions} versions, churn {args.churn:.0%}"
+          f"{', honest peers strangers too' if args.strangers else ''}; seconds until "
           "the last honest peer present held each version", flush=True)
     jobs = [(a, seed, args) for seed in args.seed for a in ["none", *args.attack]]
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:

@@ -77,7 +77,8 @@ class SimOrigin:
 
     # -- what peers send (each call is the moment the request reaches the origin) -----------------------
     def join(self, url: str, name: str, key: str, addr: str = "") -> tuple[str, str]:
-        self.tracker.set_trusted(key)  # simulated peers are honest keys with standing (established nodes)
+        if self.sw.trusted:  # honest keys with standing (established nodes), unless the run is of strangers
+            self.tracker.set_trusted(key)
         j = self.tracker.join(Join(url, True, name), key=key, observed_host=addr)
         return j.peer_id, j.token
 

@@ -20,14 +20,16 @@ __all__ = ["SimPeer", "Swarm"]
 
 class Swarm:
     def __init__(self, sim: Sim, origin: Host, origin_cfg: OriginConfig, peer_cfg: PeerConfig, piece: int,
-                 report_uploads: bool = True, probes: bool = True, seed: str = ""):
+                 report_uploads: bool = True, probes: bool = True, seed: str = "", trusted: bool = True):
         """`report_uploads`: peers tell the tracker what they received (False: placement has no evidence);
         `probes`: the origin times relays' uplinks (broadcast/uplink_plan.py); `seed`: the tracker's peer ids
-        and its layout's order among equals are drawn from it (the same seed, the same run)."""
+        and its layout's order among equals are drawn from it (the same seed, the same run); `trusted`: peers
+        join as keys the trainer trusts (established nodes), or as strangers who earn standing as the tree's
+        rules say."""
         self.sim, self.net = sim, Net(sim)
         self.origin_cfg, self.peer_cfg = origin_cfg, peer_cfg
         self.trees, self.piece = origin_cfg.n_trees, piece
-        self.report_uploads = report_uploads
+        self.report_uploads, self.trusted = report_uploads, trusted
         self.peers: dict[str, SimPeer] = {}  # by url
         self.origin = SimOrigin(self, origin, origin_cfg, probes, seed)
         self.fetch = Fetching(self)

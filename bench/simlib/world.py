@@ -49,6 +49,7 @@ class World(Protocol):
     peer_cfg: PeerConfig
     trees: int
     report_uploads: bool
+    trusted: bool  # peers join as keys the trainer trusts, or as strangers
     peers: dict[str, Peer]
     origin: Origin
     fetch: Pieces
