@@ -16,8 +16,9 @@ from collections.abc import Callable
 from .layout import Layout, join_order_layout
 from .messages import ORIGIN, Received
 from .peer_rec import PeerRec
-from .placement import Candidate, UploadMeter, measured_layout
+from .placement import Candidate, measured_layout
 from .trials import Trials
+from .upload_meter import UploadMeter
 
 Parents = list[dict[str, str | None]]
 Children = list[dict[str | None, list[str]]]
@@ -103,7 +104,9 @@ class Forest:
         return hashlib.blake2b(seq, key=self.order_key, digest_size=8).digest() if self.order_key else seq
 
     # -- placement by measured uplink (broadcast/placement.py) -----------------------------------------------
-    def note_uploads(self, rec: PeerRec, received: dict[str, Received], latest: int | None) -> None:
+    def note_uploads(self, rec: PeerRec, received: dict[str, Received], latest: int | None,
+                     counts: bool = True, majority: bool = False) -> None:
+        """`counts`: its figures count now; `majority`: nobody vouches (upload_meter.UploadMeter.note)."""
         if latest is not None and latest != self.latest:
             self.latest = latest
             self.layout = None  # a new version: a fresh layout, repaired in place until it is everywhere
@@ -116,8 +119,11 @@ class Forest:
                     if p.demoted and p.url in self.uploads.placed:
                         p.demoted = False
                         p.reporters.clear()
-        if received:
-            self.uploads.note(received, rec.key)
+        self.uploads.note(received, rec.key, counts, majority)  # (nothing received: whether it counts, still)
+        if majority and self.in_flight():  # the parents it has in this version: each relay's sample of children
+            parents, _ = self.topology()
+            self.uploads.note_parents(rec.key, {self.peers[q].url or "" for tree in parents
+                                                if (q := tree.get(rec.peer_id)) is not None and q in self.peers})
 
     def probed(self, rec: PeerRec, rate: float) -> None:
         """The origin timed a download from this relay (broadcast/uplink_probe.py): the next layout uses it."""
@@ -139,7 +145,8 @@ class Forest:
         # A relay on trial is placed as one not measured yet, whatever the origin's probe said of it (the probe
         # times filler, which a key can serve fast and its children slowly: the attack lab's did, 300 MB/s).
         cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group,
-                           None if p.peer_id in trial or not p.url else up.uplink(p.url), trial=p.peer_id in trial)
+                           None if p.peer_id in trial or not p.url else up.uplink(p.url), trial=p.peer_id in trial,
+                           limit=up.limit(p.url or ""))
                  for p in keep]
         group, parents, children, caps = measured_layout(cands, self.k, self.fanout,
                                                          up.placed.get(ORIGIN), len(fresh))

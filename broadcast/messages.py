@@ -44,7 +44,7 @@ class Joined(msgspec.Struct):
 class Received(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """What this peer got from one source since its last heartbeat: the tracker's only uplink evidence."""
 
-    bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]  # of verified pieces
+    bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]  # of verified pieces (0: it answered, sent nothing)
     seconds: Annotated[float, msgspec.Meta(ge=0, le=3600)]  # spent receiving from it (overlaps counted once)
 
 

@@ -167,6 +167,8 @@ class PieceRace:
         own parent stalls (a report the origin's probe cannot confirm would cost us standing, and the
         staller nothing)."""
         self.book.silent_through(tr.src, now)
+        if tr.answered_at:  # what placement sees of it: nothing, over that long
+            self.book.meter.silent(tr.src, now - tr.answered_at)
         log.info("%s sent nothing in %.2fs; avoiding it %.0fs", tr.src, now - tr.started,
                  self.book.avoid.get(tr.src, now) - now)
 

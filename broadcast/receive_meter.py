@@ -25,6 +25,7 @@ class _Source:
 class ReceiveMeter:
     def __init__(self) -> None:
         self._m: dict[str, _Source] = {}
+        self._silent: dict[str, float] = {}  # per source: seconds it answered us and then sent nothing
 
     def span(self, url: str, start: float, end: float) -> None:
         """The source sent us one response over [start, end] (times on one clock)."""
@@ -41,6 +42,14 @@ class ReceiveMeter:
         if m is not None:
             m.bytes += verified_bytes
 
+    def silent(self, url: str, seconds: float) -> None:
+        """The source answered a request and then sent nothing for `seconds` (we went around it): reported
+        as zero bytes over that time, unless it also delivered something since the last report. Without
+        it a key that answers everyone and sends no one anything was never measured at all, and each new
+        layout placed it inside the trees again as a relay not yet measured (issue 29)."""
+        if url in self._silent or len(self._silent) < 64:
+            self._silent[url] = self._silent.get(url, 0.0) + max(0.0, seconds)
+
     def take(self) -> dict[str, Received]:
         """What came from each source since the last call."""
         out = {}
@@ -50,6 +59,10 @@ class ReceiveMeter:
                 m.bytes, m.reported = 0, m.busy
             elif m.bytes == 0 and m.busy == m.reported:
                 del self._m[url]
+        for url, seconds in self._silent.items():
+            if url not in out and len(out) < 64 and seconds > 0:
+                out[url] = Received(0, round(min(seconds, 3600.0), 4))
+        self._silent.clear()
         return out
 
 

@@ -5,7 +5,7 @@ Without these probes a new swarm's first version ran on the join-order layout, s
 trees: in the 1000-peer simulation a 13.5 MB version took 25-215 s against a bound near 1.1 s; laid out by
 the probes, 4.9-6.3 s (docs/tree-simulation.md, item 7). A relay with standing (placement counts no fresh
 key's numbers) that nothing has measured yet is timed after a heartbeat, while its uplink is idle; the
-figure stands in for its uplink until children measure it (placement.UploadMeter).
+figure stands in for its uplink until children measure it (upload_meter.UploadMeter).
 """
 
 from __future__ import annotations

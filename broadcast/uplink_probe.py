@@ -9,7 +9,7 @@ after a heartbeat, for PROBE_BYTES of filler at GET /probe; the origin times it 
 the last byte. One stream, so at most the relay's uplink: a lower bound (the connection's and the request's
 round trips, TCP's slow start at long round trips, and the origin's downlink shared by the probes in
 flight all lower it), replaced by the children's figure once the relay carries a version
-(placement.UploadMeter). Only the tracker may ask: the request carries an HMAC of the peer's join token,
+(upload_meter.UploadMeter). Only the tracker may ask: the request carries an HMAC of the peer's join token,
 which only the tracker and the peer know, so strangers cannot spend a relay's uplink on probes.
 """
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import copy
 
 from broadcast.messages import ORIGIN, Join, PeerHeartbeat, Received
-from broadcast.placement import Candidate, UploadMeter, max_children, measured_layout
+from broadcast.placement import Candidate, max_children, measured_layout
 from broadcast.receive_meter import ReceiveMeter, sending_started
 from broadcast.tracker import Tracker
 from broadcast.tree_view import render
 from broadcast.uplink_plan import wants_probe
+from broadcast.upload_meter import UploadMeter
 
 Mbit = 1e6 / 8
 

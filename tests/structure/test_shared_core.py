@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # Decision code: fed events and a clock, returns what to do.
 CORE = ("config", "sourcing", "piece_race", "tracker", "standing", "bans", "verdicts", "uplink_plan", "turns", "piece_pass",
-        "buckets", "layout", "placement", "receive_meter", "messages")
+        "buckets", "layout", "placement", "upload_meter", "receive_meter", "messages")
 IO = {"asyncio", "aiohttp", "socket", "time", "threading", "selectors", "subprocess"}
 # What the simulator must take from the core rather than model itself.
 DECISIONS = {"broadcast.sourcing", "broadcast.piece_race", "broadcast.tracker", "broadcast.verdicts",
