@@ -11,6 +11,8 @@ leaf always can) and then:
   friends  send their children nothing, and say in every heartbeat they received each other's pieces at
            12.5 GB/s (what placement reads)
   loris    send everyone 32 KiB/s (their uplink), as bench/slow_relay.py --slow
+  sinkers  send their children nothing, and say in every heartbeat that each of their parents answered and
+           sent them nothing (what placement reads; not in the default set, which stays comparable)
 `--churn C`: during each version C*N/2 honest peers leave (half post /leave, half die) and C*N/2 new
 honest ones arrive, at uniform times in the version's first CHURN_SPAN_S seconds (as bench/tree_sim.py).
 Prints, per attack and for the same swarm unattacked (all K honest), when each version reached the last
@@ -35,7 +37,8 @@ from broadcast.config import OriginConfig, PeerConfig  # noqa: E402
 from broadcast.messages import PeerHeartbeat, Received, Report  # noqa: E402
 
 MiB = 1 << 20
-ATTACKS = ("liars", "friends", "loris")
+ATTACKS = ("liars", "friends", "loris", "sinkers")
+DEFAULT_ATTACKS = ATTACKS[:3]
 CHURN_SPAN_S = 4.0  # about half an unattacked version at the defaults
 
 
@@ -69,6 +72,10 @@ def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, 
                 for h in honest:
                     msg = Report(a.pid, a.token, h.url, "stall", max(sw.latest, 1), 0, "no bytes")
                     sw.origin.report(a.pid, msg, lambda _: None)
+            elif attack == "sinkers":
+                parents = [chain[0] for chain in t.sources(a.pid) if chain]
+                sw.origin.heartbeat(PeerHeartbeat(a.pid, a.token, list(a.complete),
+                                                  recent={u: Received(0, 5.0) for u in parents}), sw.latest)
             elif attack == "friends":
                 others = [b.url for b in bad if b is not a]
                 sw.origin.heartbeat(PeerHeartbeat(a.pid, a.token, list(a.complete), received={u: 1 << 34 for u in others},
@@ -115,7 +122,7 @@ def main() -> None:
     ap.add_argument("--piece-kib", type=int, default=256)
     ap.add_argument("--rate-mbit", type=float, default=20.0)
     ap.add_argument("--versions", type=int, default=3)
-    ap.add_argument("--attack", nargs="+", default=list(ATTACKS), choices=ATTACKS)
+    ap.add_argument("--attack", nargs="+", default=list(DEFAULT_ATTACKS), choices=ATTACKS)
     ap.add_argument("--churn", type=float, default=0.0, help="share of N that leaves and arrives each version")
     ap.add_argument("--seed", type=int, nargs="+", default=[0],
                     help="one swarm per seed (churn, peer ids, order among equals); with several, a summary. "
