@@ -58,10 +58,9 @@ class UploadMeter:
         knowing nothing of them (bench/tree_attacks_sim.py --strangers). `majority`: nobody vouches, and a
         source's figure is what most of its children saw (`by_children`), set when the version ends."""
         self.majority = majority
-        room = len(self._counting) < MAX_SOURCES
-        if received and (reporter in self._heard or room):
+        if received and (reporter in self._heard or len(self._heard) < MAX_SOURCES):
             self._heard.add(reporter)
-        if counts and (reporter in self._counting or room):
+        if counts and (reporter in self._counting or len(self._counting) < MAX_SOURCES):
             self._counting.add(reporter)
         elif not counts:
             self._counting.discard(reporter)
