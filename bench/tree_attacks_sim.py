@@ -13,6 +13,8 @@ leaf always can) and then:
   loris    send everyone 32 KiB/s (their uplink), as bench/slow_relay.py --slow
   sinkers  send their children nothing, and say in every heartbeat that each of their parents answered and
            sent them nothing (what placement reads; not in the default set, which stays comparable)
+`--leaves F`: that share of the honest peers (arrivals too) can't relay, as nodes behind a NAT can't (download-
+only leaves; drawn per seed).
 `--churn C`: during each version C*N/2 honest peers leave (half post /leave, half die) and C*N/2 new
 honest ones arrive, at uniform times in the version's first CHURN_SPAN_S seconds (as bench/tree_sim.py).
 Prints, per attack and for the same swarm unattacked (all K honest), when each version reached the last
@@ -43,15 +45,22 @@ CHURN_SPAN_S = 4.0  # about half an unattacked version at the defaults
 
 
 def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, versions: int,
-        churn: float = 0.0, seed: int = 0, strangers: bool = False) -> dict:
+        churn: float = 0.0, seed: int = 0, strangers: bool = False, leaves: float = 0.0) -> dict:
     """One swarm's versions. `seed`: the churn's draws, the tracker's peer ids and its order among equals
     (seed 0 is the run this bench made before it took seeds); `strangers`: the honest keys are not trusted
-    either, and earn standing as any key does."""
+    either, and earn standing as any key does; `leaves`: the share of honest peers that can't relay."""
     sim = Sim()
     sw = Swarm(sim, Host("origin", rate, float("inf"), 0.0005), OriginConfig(heartbeat_s=1.0),
                PeerConfig(stall_timeout=60.0), piece, probes=False, seed=f" {seed}" if seed else "",
                trusted=not strangers)
-    peers = [sw.new_peer(i, Host(f"p{i}", rate, float("inf"), 0.0005)) for i in range(n)]
+    nat = random.Random(f"leaves {seed}")
+
+    def new_peer(i: int, honest: bool = True):
+        p = sw.new_peer(i, Host(f"p{i}", rate, float("inf"), 0.0005))
+        p.relay = nat.random() >= leaves or not honest  # (drawn for each: the same leaves with or without attack)
+        return p
+
+    peers = [new_peer(i, i >= k or not attack) for i in range(n)]
     for i, p in enumerate(peers):
         sim.at(0.5 * i / n, sw.arrive, p)  # join order: the attackers first (all joined before 0.9 s)
     bad = peers[:k] if attack else []
@@ -96,7 +105,7 @@ def run(n: int, k: int, size: int, piece: int, rate: float, attack: str | None, 
         for j, p in enumerate(rng.sample([p for p in honest if p.host.alive], moves)):
             sim.at(t0 + rng.uniform(0, CHURN_SPAN_S), sw.depart, p, j % 2 == 0)
         for _ in range(moves):
-            p = sw.new_peer(len(peers), Host(f"p{len(peers)}", rate, float("inf"), 0.0005))
+            p = new_peer(len(peers))
             peers.append(p)
             honest.append(p)
             sim.at(t0 + rng.uniform(0, CHURN_SPAN_S), sw.arrive, p)
@@ -110,7 +119,7 @@ def _one(job: tuple) -> tuple[str, int, dict]:
     attack, seed, args = job
     k = args.attackers or args.n // 3
     r = run(args.n, k, int(args.size_mib * MiB), args.piece_kib << 10, args.rate_mbit * 1e6 / 8,
-            None if attack == "none" else attack, args.versions, args.churn, seed, args.strangers)
+            None if attack == "none" else attack, args.versions, args.churn, seed, args.strangers, args.leaves)
     return attack, seed, r
 
 
@@ -129,6 +138,8 @@ def main() -> None:
                          "Runs repeat exactly: one seed is one draw, not the design")
     ap.add_argument("--strangers", action="store_true",
                     help="honest peers join as strangers too (no key the trainer trusts), as in a public swarm")
+    ap.add_argument("--leaves", type=float, default=0.0,
+                    help="share of the honest peers that can't relay (behind a NAT: download-only leaves)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once, in worker processes")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
@@ -136,7 +147,8 @@ def main() -> None:
     size, rate = int(args.size_mib * MiB), args.rate_mbit * 1e6 / 8
     print(f"N = {args.n}, K = {k} attackers (the first to join), S = {args.size_mib} MiB, B = {args.rate_mbit} "
           f"Mbit/s, S/B = {size / rate:.1f} s, {args.versions} versions, churn {args.churn:.0%}"
-          f"{', honest peers strangers too' if args.strangers else ''}; seconds until "
+          f"{', honest peers strangers too' if args.strangers else ''}"
+          f"{f', {args.leaves:.0%} of them leaves' if args.leaves else ''}; seconds until "
           "the last honest peer present held each version", flush=True)
     jobs = [(a, seed, args) for seed in args.seed for a in ["none", *args.attack]]
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:

@@ -152,7 +152,13 @@ def join_order_layout(peers: list[tuple[str, int | None, int]], trees: int, fano
         places = iter([*left[len(trial):], *free(trial)])
         for pid, _, _ in sorted(peers, key=lambda p: -p[2]):  # on trial before fresh: the shallower places
             if pid not in par:
-                attach(pid, next(places, None))  # None: no free place left, the origin takes it
+                # None free: the relay with the fewest children takes it, as above, the origin only where there
+                # is none. k = f trees of f-ary heaps have room for N relays and no more: among strangers, a
+                # third of them leaves (unreachable) made the origin the parent of 32 peers in every tree,
+                # and the first version 16x as long (bench/tree_attacks_sim.py --strangers --leaves).
+                relays = trial or top
+                spare = next(places, None) or min(relays, key=lambda q: len(kids[q]), default=None)
+                attach(pid, spare)
         parents.append(par)
         children.append(dict(kids))
         cap: dict[str | None, int] = {pid: 0 for pid, _, _ in peers}

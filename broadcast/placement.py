@@ -22,6 +22,7 @@ from .upload_meter import MAX_RATE
 
 log = logging.getLogger("broadcast.placement")
 HEADROOM = 0.1  # places for peers arriving, or moved, while a version is in flight
+FLOOR_RATE = 1e3  # bytes/s: the lowest per-child rate a layout is made for
 
 
 @dataclass
@@ -39,26 +40,52 @@ def max_children(fanout: int) -> int:
     return 16 * fanout  # bounds how many peers one departure re-parents
 
 
+def _fits(members: list[list[tuple[float, int]]], n: int, origin_per_tree: float | None, fixed: list[int],
+          r: float) -> bool:
+    """Room for all n peers in every tree at r bytes/s per child? `fixed`: places per tree that do not depend
+    on r (relays not measured yet)."""
+    for ups, extra in zip(members, fixed, strict=True):
+        slots = max(1, int(origin_per_tree // r)) if origin_per_tree else 1
+        slots += extra + sum(min(int(u // r), cap) for u, cap in ups)
+        if slots < n:
+            return False
+    return True
+
+
 def _rate_target(members: list[list[tuple[float, int]]], n: int, origin_per_tree: float | None,
                  fixed: list[int]) -> float:
-    """The largest per-child rate r with room for all n peers in every tree (bisection in log space);
-    `fixed`: places per tree that do not depend on r (relays not measured yet)."""
-
-    def fits(r: float) -> bool:
-        for ups, extra in zip(members, fixed, strict=True):
-            slots = max(1, int(origin_per_tree // r)) if origin_per_tree else 1
-            slots += extra + sum(min(int(u // r), cap) for u, cap in ups)
-            if slots < n:
-                return False
-        return True
-
-    lo, hi = 1e3, MAX_RATE
-    if not fits(lo):
+    """The largest per-child rate r with room for all n peers in every tree (bisection in log space)."""
+    lo, hi = FLOOR_RATE, MAX_RATE
+    if not _fits(members, n, origin_per_tree, fixed, lo):
         return lo
     for _ in range(50):
         mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        lo, hi = (mid, hi) if _fits(members, n, origin_per_tree, fixed, mid) else (lo, mid)
     return lo
+
+
+def _usable(c: Candidate, most: int, measured: list[Candidate], fanout: int) -> float:
+    """What of c's uplink its places can carry, as the trees are balanced by: a relay with a limit on its
+    children (UploadMeter.limit, where nobody vouches) can use no more than that many children at the rate a
+    relay of the median figure gives each of its `fanout`. Ten keys lifting one of their own to 12.5 GB/s
+    made its tree hold it alone, and the origin the parent of the other 84 of 100 in that tree (its 8
+    children were all it could take): a version 23x as long (bench/tree_attacks_sim.py --strangers)."""
+    if c.limit is None:
+        return c.uplink or 0.0
+    median = measured[len(measured) // 2].uplink or 0.0  # (sorted fastest first)
+    return min(c.uplink or 0.0, most * median / fanout)
+
+
+def _balance(measured: list[Candidate], most: dict[str, int], trees: int, fanout: int):
+    """-> (tree per measured relay, per tree: (uplink, children it may have) of its relays). Greedy: the
+    fastest first, each to the tree with the least uplink so far."""
+    load = [0.0] * trees
+    group: dict[str, int] = {}
+    for c in measured:
+        t = load.index(min(load))
+        group[c.peer_id] = t
+        load[t] += _usable(c, most[c.peer_id], measured, fanout)
+    return group, [[(c.uplink, most[c.peer_id]) for c in measured if group[c.peer_id] == t] for t in range(trees)]
 
 
 def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_uplink: float | None,
@@ -67,23 +94,25 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     join order; `others`: peers hung in the spare places afterwards (fresh keys, as leaves)."""
     cap = max_children(fanout)
     measured = sorted((c for c in cands if c.capable and c.uplink), key=lambda c: -c.uplink)
-    load = [0.0] * trees
-    group: dict[str, int | None] = {c.peer_id: None for c in cands}
-    for c in measured:  # greedy: the fastest first, each to the tree with the least uplink so far
-        t = load.index(min(load))
-        group[c.peer_id] = t
-        load[t] += c.uplink
-    most = {c.peer_id: min(cap, c.limit) if c.limit else cap for c in measured}
-    per_tree = [[(c.uplink, most[c.peer_id]) for c in measured if group[c.peer_id] == t] for t in range(trees)]
-    origin_per_tree = origin_uplink / trees if origin_uplink else None
     newcomers = [c for c in cands if c.capable and not c.uplink and c.group is not None]
+    n_room = int((len(cands) + others) * (1 + HEADROOM)) + 1
+    origin_per_tree = origin_uplink / trees if origin_uplink else None
     # Relays not measured yet take `fanout` children, whatever r is: their places count (without them,
     # r fell until the origin alone had room for everyone, a star in which they could never be measured).
     fixed = [sum(TRIAL_CHILDREN if c.trial else fanout for c in newcomers if c.group == t) for t in range(trees)]
+    # Children each may have: max_children, or less where UploadMeter.limit says so. Limits that leave no
+    # room for everyone are raised together (twice each, four times...) until they do: the origin takes what
+    # finds no place, and after a first version of strangers in which most relays were measured by two or
+    # three children, it was the parent of 8-16 peers in every tree (bench/tree_attacks_sim.py --strangers).
+    for scale in (1, 2, 4, 8, 16, cap):
+        most = {c.peer_id: min(cap, c.limit * scale) if c.limit else cap for c in measured}
+        tree_of, per_tree = _balance(measured, most, trees, fanout)
+        if not any(c.limit for c in measured) or _fits(per_tree, n_room, origin_per_tree, fixed, FLOOR_RATE):
+            break
+    group: dict[str, int | None] = {c.peer_id: tree_of.get(c.peer_id) for c in cands}
     # The layout fills places at the rate r that fits everyone; repairs may fill up to the places at the
     # lower rate that fits 10% more (a relay with spare places gives its children more than r meanwhile).
     r = _rate_target(per_tree, len(cands), origin_per_tree, fixed)
-    n_room = int((len(cands) + others) * (1 + HEADROOM)) + 1
     r_room = _rate_target(per_tree, n_room, origin_per_tree, fixed)
     slots = {c.peer_id: min(int(c.uplink // r), most[c.peer_id]) for c in measured}
     room = {c.peer_id: min(int(c.uplink // r_room), most[c.peer_id]) for c in measured}

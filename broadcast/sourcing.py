@@ -152,7 +152,11 @@ class SourceBook:
 
     def streaming(self, tr: Try, got: int, first_at: float, now: float) -> None:
         """A stream in progress has brought `got` bytes so far, the first at `first_at` (the simulator's
-        view of a transfer; the aiohttp peer calls `body` per chunk)."""
+        view of a transfer; the aiohttp peer calls `body` per chunk). Heard from only if a byte came since
+        the last look, as `body` is only called with bytes: a fluid stream's fraction of a byte is none (a
+        simulated key sending 1 B/s over many requests kept its children's silence yardstick waiting)."""
+        if got <= tr.got:
+            return
         self.heard(tr.src, now, body=True)
         tr.got, tr.first_at = got, tr.first_at or first_at
 

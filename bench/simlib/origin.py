@@ -76,10 +76,11 @@ class SimOrigin:
         self.sw.sim.after(self.cfg.heartbeat_s, self._reap)
 
     # -- what peers send (each call is the moment the request reaches the origin) -----------------------
-    def join(self, url: str, name: str, key: str, addr: str = "") -> tuple[str, str]:
+    def join(self, url: str, name: str, key: str, addr: str = "", relay: bool = True) -> tuple[str, str]:
+        """`relay`: False for a peer nobody can reach (a download-only leaf)."""
         if self.sw.trusted:  # honest keys with standing (established nodes), unless the run is of strangers
             self.tracker.set_trusted(key)
-        j = self.tracker.join(Join(url, True, name), key=key, observed_host=addr)
+        j = self.tracker.join(Join(url, relay, name), key=key, observed_host=addr)
         return j.peer_id, j.token
 
     def heartbeat(self, msg: PeerHeartbeat, latest: int | None) -> TreeSources | None:

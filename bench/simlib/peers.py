@@ -75,6 +75,7 @@ class SimPeer:
         self.manifest_waiters: list = []  # children waiting for our manifest of the version in flight
         self.hb_gen = 0
         self.served_bytes = 0
+        self.relay = True  # False: nobody can reach it (behind a NAT): it joins as a download-only leaf
 
     def holds(self, version: int, index: int) -> bool:
         return self.version == version and 0 <= index < len(self.have) and bool(self.have[index])

@@ -66,7 +66,7 @@ class Swarm:
     def join(self, p: SimPeer) -> None:
         if not p.host.alive:
             return
-        p.pid, p.token = self.origin.join(p.url, f"p{p.idx}", f"sim-{p.idx}", p.host.name)
+        p.pid, p.token = self.origin.join(p.url, f"p{p.idx}", f"sim-{p.idx}", p.host.name, p.relay)
         self.sim.after(self.to_origin(p), self._joined, p)
 
     def _joined(self, p: SimPeer) -> None:

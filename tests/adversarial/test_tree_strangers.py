@@ -100,3 +100,55 @@ def test_a_source_that_answered_and_sent_nothing_is_measured_as_sending_nothing(
     up = UploadMeter()
     up.note({"http://quiet:1": Received(0, 4.0)}, "child")
     assert up.estimate["http://quiet:1"] == SILENT_RATE
+
+
+def test_peers_nobody_can_reach_hang_under_relays_not_the_origin():
+    """k = f trees of f-ary heaps have room for N relays and no more. Among strangers (no standing, the
+    first version), a third of the peers that can't relay (behind a NAT) overflowed every tree's heap, and
+    the origin took each of them as its child in every tree: 216 s for a version that takes 12
+    (bench/tree_attacks_sim.py --n 100 --strangers --leaves 0.3)."""
+    tr = Tracker("http://o:1", trees=4, fanout=4)
+    for i in range(100):
+        tr.join(Join(f"http://p{i}:1", i % 3 != 0, f"p{i}"), key=f"k{i}")
+    assert all(tr.tier(p) == 0 for p in tr.peers.values())  # nobody has standing yet
+    parents, children = tr.topology()
+    for t in range(4):
+        assert len(children[t][None]) == 1  # the tree's root: the origin's one child in it
+        assert set(parents[t]) == set(tr.peers)
+        leaves = [p for p in tr.peers.values() if not p.interior_capable]
+        assert all(parents[t][p.peer_id] is not None and tr.peers[parents[t][p.peer_id]].interior_capable
+                   for p in leaves)
+        assert max(len(k) for k in children[t].values()) <= 2 * tr.fanout  # spread, not piled on one
+
+
+def test_a_relay_measured_by_few_friends_does_not_take_a_tree_alone():
+    """Ten keys lifted one of their own to 12.5 GB/s (its children, by chance mostly friends, said so).
+    Balancing the trees by that figure put it in a tree alone, limited to the 8 children its sample allows,
+    and the origin became the parent of the other 84 of 100 peers in that tree: a version 23x as long. A
+    relay's weight in the balance is what its places can carry."""
+    from broadcast.placement import Candidate, measured_layout
+
+    cands = [Candidate(f"h{i}", f"http://h{i}:1", True, i % 4, 2.5 * MB, limit=8) for i in range(66)]
+    cands.append(Candidate("f", "http://f:1", True, 0, 12.5e9, limit=8))
+    cands += [Candidate(f"x{i}", f"http://x{i}:1", True, None, None) for i in range(33)]  # idle: leaves
+    group, parents, children, caps = measured_layout(cands, 4, 4, 2.5 * MB)
+    for t in range(4):
+        assert len(children[t].get(None, ())) <= 2, f"tree {t}: the origin is parent of {len(children[t][None])}"
+        assert sum(g == t for g in group.values()) >= 16  # each tree keeps about a quarter of the relays
+
+
+def test_limits_that_leave_no_room_are_raised_together_not_filled_by_the_origin():
+    """After a first version of strangers in chaos, most relays were measured by two or three children (a
+    limit of 4-6 the next version) and a third were idle: the limits had room for 84-92 of 100 peers per
+    tree, and the origin took the rest, 8-16 children in every tree (the second version 6x as long)."""
+    from broadcast.placement import Candidate, measured_layout
+
+    cands = [Candidate(f"h{i}", f"http://h{i}:1", True, i % 4, 2.5 * MB, limit=(2, 4, 6, 8)[i % 4] if i % 5 else 2)
+             for i in range(66)]
+    cands += [Candidate(f"x{i}", f"http://x{i}:1", True, i % 4, 1.0, limit=2) for i in range(34)]  # idle
+    group, parents, children, caps = measured_layout(cands, 4, 4, None)
+    for t in range(4):
+        assert len(children[t].get(None, ())) == 1
+        assert all(group[p] is None for p in (c.peer_id for c in cands[66:]))  # the idle: leaves
+        ranked = sorted((len(k) for p, k in children[t].items() if p is not None), reverse=True)
+        assert ranked[0] <= 4 * ranked[len(ranked) // 2]  # raised together: no one relay takes the overflow

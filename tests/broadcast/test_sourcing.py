@@ -224,3 +224,20 @@ def test_bytes_waiting_in_the_kernel_are_counted_as_delivered():
         a.close()
         b.close()
     assert _unread(b) == 0  # closed: cannot be told
+
+
+def test_a_stream_is_heard_from_only_when_a_byte_came():
+    """The simulator tells the book what a fluid stream brought so far (SourceBook.streaming); a fraction of
+    a byte is none. A simulated key sending 1 B/s over many requests had each look count as bytes heard, so
+    its children's silence yardstick started over at each look and they waited on it up to the cap."""
+    from broadcast.sourcing import SourceBook, Try
+
+    book = SourceBook(PeerConfig())
+    tr = Try("http://quiet:1", 0.0, 0)
+    book.answered(tr, 0.1)
+    book.streaming(tr, 0, 0.1, 2.0)
+    assert "http://quiet:1" not in book.last_bytes and tr.got == 0
+    book.streaming(tr, 1, 0.1, 3.0)
+    assert book.last_bytes["http://quiet:1"][0] == 3.0 and tr.got == 1
+    book.streaming(tr, 1, 0.1, 4.0)
+    assert book.last_bytes["http://quiet:1"][0] == 3.0
