@@ -281,7 +281,8 @@ class OriginRoutes:
         # Admitted: a member (its pass checked) or a stranger's trial; only members placed above the rest
         # are sent to first (uplink_share.py).
         o, t, who = self.origin, self.origin.tracker, request.headers.get(PEER_HEADER, "")
-        first = FirstAnswer(o.share, who) if t is None or t.first_in_line(who) else None
+        tree = int(index) if index.isdigit() and len(index) < 12 else None  # (the piece's tree: index mod k)
+        first = FirstAnswer(o.share, who) if t is None or t.line.first(who, tree) else None
         pace = None if first else o.share.low_sent
         order = o.order.get(version)
         try:

@@ -24,12 +24,11 @@ from .forest import Children, Forest, Parents
 from .messages import ORIGIN, Join, Joined, PeerHeartbeat, PeerView, TreeSources, TreeView
 from .peer_rec import PeerRec
 from .standing import Clock, ManualClock, Standing
-from .upload_meter import IDLE_RATE
+from .uplink_line import UplinkLine
 
 __all__ = ["PeerRec", "Tracker", "TrackerError"]
 GIVEN_S = 120.0  # a source given to a member counts as one it may have received from for this long
 MAX_GIVEN = 256  # sources remembered per member
-MAX_LOW = 256  # addresses in TreeSources.low
 
 
 class Tracker:
@@ -58,6 +57,7 @@ class Tracker:
         self._token_hex = token_hex
         self._vouching = (float("-inf"), False)  # (when looked, whether any member vouches)
         self.forest = Forest(self.peers, trees, fanout, self.tier, order_key)
+        self.line = UplinkLine(self)  # who is first in each uplink's line (uplink_share.py paces the rest)
 
     # -- what standing.py decides, and what the layout does about it ---------------------------------------
     trusted = property(lambda self: self.standing.trusted)
@@ -105,7 +105,7 @@ class Tracker:
         """What it says of others counts (standing.Standing.vouches)."""
         return self.standing.vouches(rec.key)
 
-    def _any_vouching(self) -> bool:
+    def any_vouching(self) -> bool:
         """Does any member vouch (trusted, or earned)? Looked up at most once a second: a heartbeat asks."""
         now = self.clock.monotonic()
         if now - self._vouching[0] >= 1.0:
@@ -127,21 +127,7 @@ class Tracker:
         the honest relays they made every version after the first 2x slower (bench/tree_attacks_sim.py).
         Where nobody vouches (strangers alone), keys with that proof are above and fresh keys are leaves."""
         ranked = self._ranked(rec)
-        return 2 if (self.vouches(rec) if self._any_vouching() else ranked) else int(ranked)
-
-    def first_in_line(self, peer_id: str) -> bool:
-        """Is an uplink this member's first (uplink_share.py)? While any member vouches, those who do; where
-        nobody vouches (strangers alone), every member but the relays its children measured as sending next
-        to nothing (upload_meter.IDLE_RATE): one piece shown to the origin buys no priority, and a key that takes
-        every version and gives none waits behind those who give (a third of the swarm so made every
-        honest version 1.4-1.9x as long, bench/tree_attacks_sim.py --strangers)."""
-        rec = self.peers.get(peer_id)
-        if rec is None:
-            return False
-        if self._any_vouching():
-            return self.vouches(rec)
-        figure = self.uploads.placed.get(rec.url or "")
-        return figure is None or figure >= IDLE_RATE
+        return 2 if (self.vouches(rec) if self.any_vouching() else ranked) else int(ranked)
 
     # -- membership -----------------------------------------------------------------------------------
     def check_admission(self, key: str, url: str | None) -> None:
@@ -245,7 +231,7 @@ class Tracker:
         # is all there is to place it by, upload_meter.UploadMeter.by_children). While members vouch, a silence
         # places no one: trials judge keys without standing, and an honest relay silent for a while (its
         # parent gone) is measured by what it sends.
-        vouching = self._any_vouching()
+        vouching = self.any_vouching()
         counts = self.vouches(rec) if vouching else self.has_standing(rec)
         recent = {} if vouching and not counts else {
             u: r for u, r in msg.recent.items()
@@ -258,29 +244,11 @@ class Tracker:
                 rec.given[url] = now  # re-inserted last: the bound forgets the oldest
         while len(rec.given) > MAX_GIVEN:
             del rec.given[next(iter(rec.given))]
-        return TreeSources(latest, sources, rec.reachable, low=self.low_below(rec), trial=self._on_trial(sources))
+        return TreeSources(latest, sources, rec.reachable, low=self.line.low_below(rec), trial=self._on_trial(sources))
 
     def _on_trial(self, sources: list[list[str]]) -> list[str]:
         """Which of these sources are on trial (tier 1: only a relay on trial is anyone's source)."""
         return sorted({u for chain in sources for u in chain if (s := self.by_url(u)) is not None and self.tier(s) == 1})
-
-    def low_below(self, rec: PeerRec) -> list[str]:
-        """The addresses of the members below it (in every tree: those who may ask it, their parents' and
-        its own children) that are not first in line: it sends to them from what the others leave
-        (uplink_share.py). An address one of those others has too is left out: sharing an address with a
-        key that has standing costs that key nothing."""
-        if not rec.interior_capable:
-            return []
-        _, children = self.topology()
-        low, first = set(), set()
-        for tree in children:
-            todo = list(tree.get(rec.peer_id, ()))
-            while todo and len(low) + len(first) < 4 * MAX_LOW:
-                pid = todo.pop()
-                todo.extend(tree.get(pid, ()))
-                if (below := self.peers.get(pid)) is not None and below.addr:
-                    (first if self.first_in_line(pid) else low).add(below.addr)
-        return sorted(low - first)[:MAX_LOW]
 
     def remove(self, peer_id: str, why: str) -> None:
         rec = self.peers.pop(peer_id, None)

@@ -5,7 +5,7 @@ without standing hang from the origin as a heap of their own (layout.join_order_
 requests split the origin's uplink with the top of every tree: ten fresh keys that forwarded nothing made
 the first version 3.5x slower for everyone else; later, as leaves, they took an equal share of every
 relay's uplink (bench/tree_attacks_sim.py). So while a source is sending to members first in line
-(tracker.Tracker.first_in_line: those who vouch, while any member does; among strangers, all but the relays
+(uplink_line.UplinkLine.first: those who vouch, while any member does; among strangers, all but the relays
 measured as sending next to nothing), everything it sends to the others
 together is paced to one such member's share of what it sends, at least LOW_SHARE, never below
 MIN_LOW_RATE (`low_share`); when nobody first in line is being sent anything, the others have the whole

@@ -205,7 +205,7 @@ class Fetching:
         src_host = sw.origin.host if req.src is None else req.src.host
         # Sent after others (broadcast/uplink_share.py): by the origin to members not first in line, by a
         # relay to the members below it that the tracker named to it (TreeSources.low).
-        low = not sw.origin.tracker.first_in_line(req.peer.pid) if req.src is None else req.peer.host.name in req.src.low
+        low = not sw.origin.tracker.line.first(req.peer.pid, req.index) if req.src is None else req.peer.host.name in req.src.low
         req.xfer = sw.net.start(src_host, req.peer.host, size, lambda x, ok: self._sent(req, ok, size), low=low)
 
     def _sent(self, req: Req, ok: bool, size: int) -> None:

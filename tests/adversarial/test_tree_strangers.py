@@ -62,7 +62,7 @@ def test_a_friend_is_measured_by_most_of_the_children_it_was_given_not_by_its_be
     placed = tr.uploads.placed
     assert placed[r["f0"].url] < IDLE_RATE, placed[r["f0"].url]
     assert placed[r["h0"].url] >= MB / 2.0
-    assert not tr.first_in_line(r["f0"].peer_id) and tr.first_in_line(r["h0"].peer_id)
+    assert not tr.line.first(r["f0"].peer_id) and tr.line.first(r["h0"].peer_id)
     _, children = tr.topology()
     assert not children[0].get(r["f0"].peer_id), "a key its children saw send nothing is given children"
 
@@ -152,3 +152,25 @@ def test_limits_that_leave_no_room_are_raised_together_not_filled_by_the_origin(
         assert all(group[p] is None for p in (c.peer_id for c in cands[66:]))  # the idle: leaves
         ranked = sorted((len(k) for p, k in children[t].items() if p is not None), reverse=True)
         assert ranked[0] <= 4 * ranked[len(ranked) // 2]  # raised together: no one relay takes the overflow
+
+
+def test_among_strangers_the_origin_sends_first_to_the_two_levels_it_feeds():
+    """Where the keys above them were silent, peers deep in the trees went around to the origin by the
+    dozen, and served alike they kept the tops of the trees waiting: a silent root's children had their
+    tree's pieces at 97 s (31 s now; bench/tree_attacks_sim.py --strangers --n 100). The origin sends first to
+    its children in the piece's tree and to theirs; a relay's own uplink (tree None) has no such line."""
+    tr, r = strangers([f"p{i}" for i in range(13)])  # one tree, fanout 3: p0; p1-p3; p4-p12
+    parents, _ = tr.topology()
+    depth = {}
+    for name, rec in r.items():
+        d, cur = 1, parents[0][rec.peer_id]
+        while cur is not None:
+            d, cur = d + 1, parents[0][cur]
+        depth[name] = d
+    assert sorted(depth.values()) == [1] + [2] * 3 + [3] * 9
+    for name, rec in r.items():
+        assert tr.line.first(rec.peer_id, 0) == (depth[name] <= 2)
+        assert tr.line.first(rec.peer_id)  # nobody measured idle: first in every relay's line
+    tr.set_trusted("p12")  # someone vouches: those who do are first, wherever they sit
+    tr.clock.now += 1.0  # (the tracker looks whether anyone vouches once a second)
+    assert tr.line.first(r["p12"].peer_id, 0) and not tr.line.first(r["p0"].peer_id, 0)

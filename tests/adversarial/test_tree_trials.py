@@ -107,12 +107,12 @@ def test_a_relay_is_told_which_members_below_it_come_after_the_others():
     next_version(tr, honest, 1)
     parents, children = tr.topology()
     top = next(h for h in honest if parents[h.group][h.peer_id] is None)  # the top of its tree: all below it
-    below = tr.low_below(top)
+    below = tr.line.low_below(top)
     assert sorted(below) == sorted(a.addr for a in proven)
-    assert tr.low_below(next(a for a in proven if not interior(tr, a.peer_id))) == []  # a leaf: nobody below
+    assert tr.line.low_below(next(a for a in proven if not interior(tr, a.peer_id))) == []  # a leaf: nobody below
     kid = tr.peers[next(c for c in children[top.group][top.peer_id] if tr.tier(tr.peers[c]) == 2)]
     kid.addr = below[0]  # an honest member behind the same address (a NAT) as a fresh key
-    assert below[0] not in tr.low_below(top) and len(tr.low_below(top)) == len(below) - 1
+    assert below[0] not in tr.line.low_below(top) and len(tr.line.low_below(top)) == len(below) - 1
 
 
 def test_the_low_addresses_and_the_relays_on_trial_travel_with_the_sources_tag():

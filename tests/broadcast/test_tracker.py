@@ -19,9 +19,12 @@ def _check(tr: Tracker) -> None:
                 assert cur not in seen
                 seen.add(cur)
                 cur = parents[t][cur]
+        inner = [q for q, kids in children[t].items() if q is not None and kids]
         for node, kids in children[t].items():
             if node is not None:
-                assert len(kids) <= tr.fanout
+                # Beyond fanout only where every relay of the tree is full (more peers than the heap has
+                # places: the relay with the fewest children takes the next, not the origin)
+                assert len(kids) <= tr.fanout or all(len(children[t][q]) >= tr.fanout for q in inner)
                 assert tr.peers[node].interior_capable
     for p in tr.peers.values():
         interior_in = [t for t in range(tr.trees) if children[t].get(p.peer_id)]
