@@ -57,7 +57,8 @@ class Tracker:
         self._token_hex = token_hex
         self._vouching = (float("-inf"), False)  # (when looked, whether any member vouches)
         self.forest = Forest(self.peers, trees, fanout, self.tier, order_key)
-        self.line = UplinkLine(self)  # who is first in each uplink's line (uplink_share.py paces the rest)
+        # who is first in each uplink's line (uplink_share.py paces the rest)
+        self.line = UplinkLine(self.peers, self.forest, self.any_vouching, self.vouches)
 
     # -- what standing.py decides, and what the layout does about it ---------------------------------------
     trusted = property(lambda self: self.standing.trusted)

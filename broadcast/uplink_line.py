@@ -15,36 +15,36 @@ a silent root had their tree's pieces at 97 s, 31 s so; bench/tree_attacks_sim.p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from .forest import Forest
 from .peer_rec import PeerRec
 from .upload_meter import IDLE_RATE
-
-if TYPE_CHECKING:
-    from .tracker import Tracker
 
 MAX_LOW = 256  # addresses in TreeSources.low
 
 
 class UplinkLine:
-    def __init__(self, tracker: Tracker):
-        self.t = tracker
+    def __init__(self, peers: dict[str, PeerRec], forest: Forest, any_vouching: Callable[[], bool],
+                 vouches: Callable[[PeerRec], bool]):
+        """The tracker's members, its trees, and standing's answers: does any member vouch, does this one."""
+        self.peers, self.forest = peers, forest
+        self.any_vouching, self.vouches = any_vouching, vouches
 
     def first(self, peer_id: str, tree: int | None = None) -> bool:
         """Is an uplink this member's first? `tree`: the tree of the piece it asks the origin for (None: a
         relay's uplink, or not a piece)."""
-        t = self.t
-        rec = t.peers.get(peer_id)
+        rec = self.peers.get(peer_id)
         if rec is None:
             return False
-        if t.any_vouching():
-            return t.vouches(rec)
-        figure = t.uploads.placed.get(rec.url or "")
+        if self.any_vouching():
+            return self.vouches(rec)
+        figure = self.forest.uploads.placed.get(rec.url or "")
         if figure is not None and figure < IDLE_RATE:
             return False
         if tree is None:
             return True
-        parents = t.topology()[0][tree % t.trees]
+        parents = self.forest.topology()[0][tree % self.forest.k]
         above = parents.get(peer_id)
         return above is None or parents.get(above) is None
 
@@ -55,14 +55,13 @@ class UplinkLine:
         costs that key nothing."""
         if not rec.interior_capable:
             return []
-        t = self.t
-        _, children = t.topology()
+        _, children = self.forest.topology()
         low, first = set(), set()
         for tree in children:
             todo = list(tree.get(rec.peer_id, ()))
             while todo and len(low) + len(first) < 4 * MAX_LOW:
                 pid = todo.pop()
                 todo.extend(tree.get(pid, ()))
-                if (below := t.peers.get(pid)) is not None and below.addr:
+                if (below := self.peers.get(pid)) is not None and below.addr:
                     (first if self.first(pid) else low).add(below.addr)
         return sorted(low - first)[:MAX_LOW]
