@@ -151,8 +151,12 @@ def main() -> None:
           f"{f', {args.leaves:.0%} of them leaves' if args.leaves else ''}; seconds until "
           "the last honest peer present held each version", flush=True)
     jobs = [(a, seed, args) for seed in args.seed for a in ["none", *args.attack]]
+    results = {}
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        results = {(a, seed): r for a, seed, r in pool.map(_one, jobs)}
+        for a, seed, r in pool.map(_one, jobs):  # (in order; each as it is done, on stderr: runs take minutes)
+            results[a, seed] = r
+            print(f"  [{len(results)}/{len(jobs)}] seed {seed} {a}: {[round(x, 1) for x in r['took']]} s",
+                  file=sys.stderr, flush=True)
     print(f"{'seed':<5} {'attack':<10} {'per version (s)':<28} {'x unattacked':<24} honest demoted")
     ratios: dict[str, list[list[float]]] = {a: [] for a in args.attack}
     for seed in args.seed:
