@@ -155,7 +155,7 @@ def join_order_layout(peers: list[tuple[str, int | None, int]], trees: int, fano
                 # None free: the relay with the fewest children takes it, as above, the origin only where there
                 # is none. k = f trees of f-ary heaps have room for N relays and no more: among strangers, a
                 # third of them leaves (unreachable) made the origin the parent of 32 peers in every tree,
-                # and the first version 16x as long (bench/tree_attacks_sim.py --strangers --leaves).
+                # and the first version 15-18x as long (bench/tree_attacks_sim.py --strangers --leaves 0.3).
                 relays = trial or top
                 spare = next(places, None) or min(relays, key=lambda q: len(kids[q]), default=None)
                 attach(pid, spare)
