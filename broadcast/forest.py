@@ -36,7 +36,6 @@ class Forest:
         self.layout: Layout | None = None  # this version's trees; None: lay out afresh
         self.uploads = UploadMeter()  # placement: children's reports of what each source uploaded
         self.trials = Trials()  # relays on trial: keys earning standing (trials.py)
-        self.retrial: set[str] = set()  # relays measured idle given a child again (UploadMeter.retry)
         self.latest: int | None = None  # the newest version, as the origin last said
 
     def ranked(self, rec: PeerRec) -> bool:
@@ -141,18 +140,13 @@ class Forest:
         flying = self.latest if self.in_flight() else None
         self.trials.judge(self.peers, flying)
         trial = self.trials.pick(ordered, self.tier, self.group_sizes(), sized, self.latest)
-        self.retrial = {p.peer_id for p in ordered if p.url and up.retry(p.url) and p.interior_capable}
-        for p in ordered:  # a leaf everywhere since it was measured idle: a tree to be tried in (in order: runs repeat)
-            if p.peer_id in self.retrial and p.group is None:
-                p.group = self.smallest_group()
         sized |= trial
         keep, fresh = [p for p in ordered if p.peer_id in sized], [p for p in ordered if p.peer_id not in sized]
         # A relay on trial is placed as one not measured yet, whatever the origin's probe said of it (the probe
         # times filler, which a key can serve fast and its children slowly: the attack lab's did, 300 MB/s).
-        on_trial = trial | self.retrial
         cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group,
-                           None if p.peer_id in on_trial or not p.url else up.uplink(p.url),
-                           trial=p.peer_id in on_trial, limit=up.limit(p.url or ""))
+                           None if p.peer_id in trial or not p.url else up.uplink(p.url), trial=p.peer_id in trial,
+                           limit=up.limit(p.url or ""))
                  for p in keep]
         group, parents, children, caps = measured_layout(cands, self.k, self.fanout,
                                                          up.placed.get(ORIGIN), len(fresh))

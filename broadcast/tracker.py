@@ -249,8 +249,7 @@ class Tracker:
 
     def _on_trial(self, sources: list[list[str]]) -> list[str]:
         """Which of these sources are on trial (tier 1: only a relay on trial is anyone's source)."""
-        return sorted({u for chain in sources for u in chain if (s := self.by_url(u)) is not None
-                       and (self.tier(s) == 1 or s.peer_id in self.forest.retrial)})
+        return sorted({u for chain in sources for u in chain if (s := self.by_url(u)) is not None and self.tier(s) == 1})
 
     def remove(self, peer_id: str, why: str) -> None:
         rec = self.peers.pop(peer_id, None)

@@ -50,7 +50,6 @@ class UploadMeter:
         self.estimate: dict[str, float] = {}  # source url -> latest uplink estimate
         self.placed: dict[str, float] = {}  # the estimates the current layout uses
         self.probed: dict[str, float] = {}  # the origin's own timing of relays no child has measured yet
-        self.idle: dict[str, tuple[int, int]] = {}  # relay url -> (epoch last measured idle, times in a row)
 
     def note(self, received: dict, reporter: str = "", counts: bool = True, majority: bool = False) -> None:
         """`counts`: the reporter's figures count now (it has standing). Those it sent before they counted are
@@ -125,35 +124,6 @@ class UploadMeter:
         n = self.sampled.get(url) if self.majority else None
         return 2 * n if n else None
 
-    def _by_majority(self, epoch: int) -> None:
-        """The figures of the relays given children in the version that ended, where nobody vouches. One back
-        from idle (`retry`) was measured by its one child: it comes back at the median figure at most (a
-        friend as that child lifted a silent key to 12.5 GB/s and the top of a tree)."""
-        back = set()
-        for url, children in self._given.items():
-            if sample := [k for k in children if k in self._counting and k in self._heard]:
-                self.estimate[url] = self.by_children(url, sample)
-                self.sampled[url] = len(sample)
-                if self.estimate[url] < IDLE_RATE:
-                    self.idle[url] = (epoch, self.idle.get(url, (0, 0))[1] + 1)
-                elif self.idle.pop(url, None) is not None:
-                    back.add(url)
-        if rates := sorted(e for u, e in self.estimate.items() if e >= IDLE_RATE and u not in back):
-            for url in back:
-                self.estimate[url] = min(self.estimate[url], rates[len(rates) // 2])
-
-    def retry(self, url: str) -> bool:
-        """Where nobody vouches: is this relay, measured idle, due to be given a child again? Keys that say
-        their parent sent them nothing need only half of an honest relay's children to sink it (`by_children`),
-        and a relay with no children is never measured again: once sunk, a leaf for good (sinkers in
-        bench/tree_attacks_sim.py). So one measured idle n times in a row is laid out on trial 2^(n-1) versions
-        later (a place of its own below the others, taken where places run short, its child judging it on a
-        short leash: placement.Candidate.trial); a key that stays silent costs a child a usual latency ever
-        more rarely. (Given a child for sure, the leaf placed last, the simulated sinkers' versions 3-5 took
-        2.36, 2.41, 2.41x against 2.17, 2.17, 2.46x so, and friends' 1.44, 1.74, 1.43x against 1.36, 1.36, 1.46x.)"""
-        at, n = self.idle.get(url, (None, 0))
-        return self.majority and at is not None and self.epoch is not None and self.epoch - at >= 2 ** (n - 1)
-
     def note_probe(self, url: str, rate: float) -> None:
         """The origin timed a download from `url` (broadcast/uplink_probe.py): a lower bound on its uplink,
         used until a version's children measure it. Not frozen with the estimates: a layout is made between
@@ -190,8 +160,10 @@ class UploadMeter:
         self.epoch = epoch
         for url in self._seen if not self.majority else ():  # with what children who count only now reported
             self._figure(url)
-        if self.majority:
-            self._by_majority(epoch)
+        for url, children in self._given.items() if self.majority else ():
+            if sample := [k for k in children if k in self._counting and k in self._heard]:
+                self.estimate[url] = self.by_children(url, sample)
+                self.sampled[url] = len(sample)
         self._seen.clear()
         self._counting.clear()
         self._heard.clear()
@@ -199,7 +171,6 @@ class UploadMeter:
         self.estimate = {u: e for u, e in self.estimate.items() if u in live_urls}
         self.probed = {u: e for u, e in self.probed.items() if u in live_urls}
         self.sampled = {u: n for u, n in self.sampled.items() if u in live_urls}
-        self.idle = {u: x for u, x in self.idle.items() if u in live_urls}
         changed = self.placed != self.estimate
         self.placed = dict(self.estimate)
         return changed
