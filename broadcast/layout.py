@@ -130,6 +130,9 @@ def join_order_layout(peers: list[tuple[str, int | None, int]], trees: int, fano
         def free(nodes: list[str], kids=kids) -> list[str]:  # places, shallowest first
             return [pid for pid in nodes for _ in range(fanout - len(kids[pid]))]
 
+        def fewest(nodes: list[str], kids=kids) -> str | None:  # where a peer goes once no place is free
+            return min(nodes, key=lambda q: len(kids[q]), default=None)
+
         interior = [pid for pid, group, _ in peers if group == t]
         top = [pid for pid in interior if pid in ranked]
         trial = sorted((pid for pid in interior if pid not in ranked), key=lambda q: q not in on_trial)
@@ -141,7 +144,7 @@ def join_order_layout(peers: list[tuple[str, int | None, int]], trees: int, fano
             if pid not in par and tier == 2:
                 # None full: the one with the fewest children takes it, not the origin (a second child of
                 # the origin's in a tree halves what the tree's top receives; bench/tree_attacks_sim.py).
-                spare = top_slots[k] if k < len(top_slots) else min(top, key=lambda q: len(kids[q]), default=None)
+                spare = top_slots[k] if k < len(top_slots) else fewest(top)
                 attach(pid, spare)
                 k += 1
         # Fresh relays: a heap of their own, hung from the places left (the origin's when none are).
@@ -156,9 +159,7 @@ def join_order_layout(peers: list[tuple[str, int | None, int]], trees: int, fano
                 # is none. k = f trees of f-ary heaps have room for N relays and no more: among strangers, a
                 # third of them leaves (unreachable) made the origin the parent of 32 peers in every tree,
                 # and the first version 15-18x as long (bench/tree_attacks_sim.py --strangers --leaves 0.3).
-                relays = trial or top
-                spare = next(places, None) or min(relays, key=lambda q: len(kids[q]), default=None)
-                attach(pid, spare)
+                attach(pid, next(places, None) or fewest(trial or top))
         parents.append(par)
         children.append(dict(kids))
         cap: dict[str | None, int] = {pid: 0 for pid, _, _ in peers}

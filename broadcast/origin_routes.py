@@ -281,18 +281,18 @@ class OriginRoutes:
         # Admitted: a member (its pass checked) or a stranger's trial; only members placed above the rest
         # are sent to first (uplink_share.py).
         o, t, who = self.origin, self.origin.tracker, request.headers.get(PEER_HEADER, "")
-        tree = int(index) if index.isdigit() and len(index) < 12 else None  # (the piece's tree: index mod k)
-        first = FirstAnswer(o.share, who) if t is None or t.line.first(who, tree) else None
+        piece = int(index) if index.isascii() and index.isdigit() and len(index) < 12 else None  # (serve_piece checks it)
+        first = FirstAnswer(o.share, who) if t is None or t.line.first(who, piece) else None
         pace = None if first else o.share.low_sent
         order = o.order.get(version)
         try:
-            if order is None or not index.isdigit() or int(index) >= len(order.sent):
+            if order is None or piece is None or piece >= len(order.sent):
                 return await serve_piece(request, lookup, o.limiter, o.cfg.piece_wait_s, o.turns, o.trees, first, pace)
-            await order.wait_turn(int(index))
+            await order.wait_turn(piece)
             try:
                 return await serve_piece(request, lookup, o.limiter, o.cfg.piece_wait_s, o.turns, o.trees, first, pace)
             finally:
-                await order.sent_one(int(index))
+                await order.sent_one(piece)
         finally:
             if first:
                 first.done()
