@@ -75,6 +75,8 @@ class GuardConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pair_release_z: float = 1.0
     # A new key's groups wait in quarantine, its prompts all shared with another node, until pair_min shared
     # prompts clear it of cherry-picking (or, when it is alone, until it delivered this many audited groups).
+    # It may have this many out or in quarantine at once, one more for each shared prompt that carried no
+    # evidence (trainer/work.py).
     probation_groups: int = 16
     # Without an established or trusted node to be paired with, a node on probation stays on it (audited,
     # its groups in quarantine): two new keys pairing with each other could be one cheater's. True releases
@@ -216,6 +218,10 @@ class Guard:
         if not checked:
             self.unchecked.add(node_id)
             _write_json(self.unchecked_path, sorted(self.unchecked))
+
+    def blank_comparisons(self, node_id: str) -> int:
+        """Shared prompts of this node's compared with a reference that carried no evidence either way."""
+        return self.pairs.compared[node_id] - self.pairs.n[node_id]
 
     def cherry_picking(self, node_id: str) -> bool:
         n, z = self.pairs.z(node_id)

@@ -255,7 +255,7 @@ class NodeService:
     def _room(self, node_id: str) -> int:
         """How many more groups `node_id` may be assigned: the pacing's room, within its earned share."""
         room = self.work.room(node_id, len(self.buffer), self.probation.holds(node_id),
-                              self.probation.waiting(node_id))
+                              self.probation.waiting(node_id), self.guard.blank_comparisons(node_id))
         established = self.guard.is_established(node_id)
         room = min(room, self.share.allowance(node_id, established) - self.work.held_by(node_id))
         if not established:  # keys that are not established share a small part of the in-flight groups

@@ -104,16 +104,22 @@ class WorkHandout:
     def held_by(self, node_id: str) -> int:
         return sum(1 for h in self.held.values() if h.node_id == node_id)
 
-    def room(self, node_id: str, waiting: int, on_probation: bool, quarantined: int) -> int:
+    def room(self, node_id: str, waiting: int, on_probation: bool, quarantined: int, blank: int = 0) -> int:
         """How many more groups `node_id` may be assigned now, with `waiting` accepted groups not yet
-        trained on in all and `quarantined` of this node's waiting for its probation verdict."""
+        trained on in all and `quarantined` of this node's waiting for its probation verdict, `blank` of its
+        shared prompts compared without evidence (both groups alike and all alike)."""
         if self.closed:
             return 0
         mine = self.held_by(node_id)
         room = min(self.inflight_groups - len(self.held) - waiting, self.max_held - mine)
         if on_probation:
-            # On probation a node has at most probation_groups out or waiting in quarantine at once.
-            room = min(room, self.probation_groups - mine - quarantined)
+            # On probation a node has at most probation_groups out or waiting in quarantine at once, and one
+            # more for each blank comparison (up to 4x in all): those bring its verdict no nearer, and while
+            # nothing trains (strangers alone) nothing leaves the quarantine, so a cap of probation_groups
+            # would leave a node short of evidence waiting for ever (measured: 2 strangers, 16 groups each
+            # in quarantine, the run at step 0 after 8 minutes).
+            cap = self.probation_groups + min(blank, 3 * self.probation_groups)
+            room = min(room, cap - mine - quarantined)
         return room
 
     def assign(self, req: P.WorkRequest, room: int, on_probation: bool, weights: P.WeightsInfo) -> P.WorkAssignment:

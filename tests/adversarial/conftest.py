@@ -47,10 +47,20 @@ class Swarm:
             return set()
         return {g[0] for line in path.read_text().splitlines() if line.strip() for g in json.loads(line)["groups"]}
 
-    def wait_steps(self, n: int, timeout: float = 120) -> dict:
-        """Wait until n more optimizer steps are done (the trainer and the honest node carry on)."""
-        start = self.summary()["step"]
-        return wait_json(self.url, lambda s: s["step"] >= start + n, timeout=timeout)
+    def wait_carry_on(self, steps: int = 2, timeout: float = 120) -> dict:
+        """Wait until `steps` more optimizer steps are done and the honest node has had more groups accepted.
+
+        Both, not "accepted within the steps": the trainer holds up to train.inflight_groups accepted groups,
+        so its next steps may all come from groups accepted before the wait began."""
+        summary = self.summary()
+        start = summary["step"]
+        before = next(n for n in summary["nodes"] if n["name"] == HONEST)["accepted_groups"]
+
+        def carried_on(s: dict) -> bool:
+            row = next((n for n in s["nodes"] if n["name"] == HONEST), None)
+            return s["step"] >= start + steps and row is not None and row["accepted_groups"] > before
+
+        return wait_json(self.url, carried_on, timeout=timeout)
 
 
 def swarm_args(run_dir: Path, zport: int, hport: int, tport: int, honest_key: str, extra: list[str] = ()) -> list[str]:

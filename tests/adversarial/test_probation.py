@@ -180,3 +180,27 @@ def test_old_answers_are_forgotten():
         p.add(f"i{v}", "a", v, [1.0, 0.0])
     p.forget_before(90)
     assert sorted(p.by_item) == [f"i{v}" for v in range(90, 100)]
+
+
+def test_blank_comparisons_make_room_for_more_evidence(tmp_path):
+    """Strangers alone: nothing trains, so nothing leaves the quarantine. A key whose shared prompts were
+    compared without evidence (groups alike and all alike) gets room for one more group each, so the
+    evidence for its verdict can still come; a key with comparisons pending does not (measured: two honest
+    strangers, 16 groups each in quarantine, 2-4 of their prompts blank, the run at step 0 for 8 minutes)."""
+    from swarm_common import protocol as P
+    from trainer.work import WorkHandout
+
+    g = _guard(tmp_path)
+    work = WorkHandout(iter(()), lambda item: [1], P.SamplingSpec(n=G, max_tokens=4, temperature=1.0, top_p=1.0),
+                       inflight_groups=64, max_lag=2, work_lag=2, max_held=32, duplicate_share=0.05,
+                       probation_groups=16, assignment_timeout_s=60, seed=0)
+    for i in range(10):
+        _share(g, f"i{i}", [1.0, 0.0] * 4, [0.0, 1.0] * 4)
+    for i in range(10, 16):
+        _share(g, f"i{i}", [0.0] * G, [0.0] * G)
+    assert g.probation_verdict("new", 16, has_partner=True) is None  # 10 with evidence, 12 needed
+    assert g.blank_comparisons("new") == 6
+    assert work.room("new", 16, True, quarantined=16, blank=g.blank_comparisons("new")) == 6
+    assert work.room("new", 16, True, quarantined=16, blank=0) == 0  # what left it stuck
+    # Bounded: at 4x probation_groups compared, probation_verdict decides on what it has.
+    assert work.room("new", 0, True, quarantined=60, blank=1000) == 4

@@ -22,6 +22,10 @@ from tests.conftest import wait_json
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 50
+# Sums of two one-digit numbers: RL lifts the warmed-up model within a few steps (0.77 -> 0.88), where the
+# demo's three-term sums first fall for 10-30 steps (tests/distributed/test_sharded_run.py). Many of its
+# groups are all right, so their shared prompts carry no evidence: probation must not wait on them for ever.
+TASK = 'task.params={digits=1, terms=2, ops="+", eval_share=0.15}'
 
 
 def test_two_strangers_behind_nat_and_firewall_are_released_by_the_trainers_reference(netlab, tmp_path):
@@ -35,7 +39,7 @@ def test_two_strangers_behind_nat_and_firewall_are_released_by_the_trainers_refe
     trainer = netlab.popen(trainer_host, [
         *swarm, "train", "configs/demo.toml", "--host", "0.0.0.0", "--reference", "--run-dir", str(run_dir),
         "--max-steps", str(STEPS), "--set", "train.eval_every=25", "--set", "server.heartbeat_s=0.5",
-        "--set", "server.web_port=-1", "--set", "train.checkpoint_every=0"], env=env, cwd=REPO, log="trainer")
+        "--set", "server.web_port=-1", "--set", "train.checkpoint_every=0", "--set", TASK], env=env, cwd=REPO, log="trainer")
     api = f"http://{trainer_host.ip}:5556/api/summary"
     wait_json(api, timeout=240, proc=trainer)
     keys = {h.name: KeyPair.load_or_create(tmp_path / h.name / "node.key").public_hex for h in (natted, shut)}
