@@ -185,8 +185,8 @@ def test_old_answers_are_forgotten():
 def test_blank_comparisons_make_room_for_more_evidence(tmp_path):
     """Strangers alone: nothing trains, so nothing leaves the quarantine. A key whose shared prompts were
     compared without evidence (groups alike and all alike) gets room for one more group each, so the
-    evidence for its verdict can still come; a key with comparisons pending does not (measured: two honest
-    strangers, 16 groups each in quarantine, 2-4 of their prompts blank, the run at step 0 for 8 minutes)."""
+    evidence for its verdict can still come (before: two honest strangers with 16 groups each in quarantine,
+    the run at step 0 for 8 minutes, tests/netlab/test_strangers_netns.py)."""
     from swarm_common import protocol as P
     from trainer.work import WorkHandout
 

@@ -39,7 +39,8 @@ def test_two_strangers_behind_nat_and_firewall_are_released_by_the_trainers_refe
     trainer = netlab.popen(trainer_host, [
         *swarm, "train", "configs/demo.toml", "--host", "0.0.0.0", "--reference", "--run-dir", str(run_dir),
         "--max-steps", str(STEPS), "--set", "train.eval_every=25", "--set", "server.heartbeat_s=0.5",
-        "--set", "server.web_port=-1", "--set", "train.checkpoint_every=0", "--set", TASK], env=env, cwd=REPO, log="trainer")
+        "--set", "server.web_port=-1", "--set", "train.checkpoint_every=0", "--set", TASK],
+        env=env, cwd=REPO, log="trainer")
     api = f"http://{trainer_host.ip}:5556/api/summary"
     wait_json(api, timeout=240, proc=trainer)
     keys = {h.name: KeyPair.load_or_create(tmp_path / h.name / "node.key").public_hex for h in (natted, shut)}
