@@ -82,7 +82,9 @@ class PieceFetcher:
             if self.tracker.evicted:
                 raise Evicted(self.tracker.evicted)
             self.book.on_trial = self.tracker.on_trial
-            outcome = await self.race(st, index, self.book.chain(self.tracker.relays(tree), time.monotonic()))
+            relays, now = self.tracker.relays(tree), time.monotonic()
+            chain = self.book.chain(relays, now)
+            outcome = await self.race(st, index, chain, self.book.helper(relays, chain, now))
             if outcome == "ok":
                 return
             failures += outcome != "gone"
@@ -94,9 +96,10 @@ class PieceFetcher:
             else:
                 await asyncio.sleep(plan.wait_s)
 
-    async def race(self, st: VersionState, index: int, chain: list[str]) -> str:
-        """One race for piece `index` along `chain`: 'ok', 'gone', 'dead' or 'failed' (piece_race.py)."""
-        race = PieceRace(self.book, chain, time.monotonic(), st.pieces[index].size)
+    async def race(self, st: VersionState, index: int, chain: list[str], helper: str | None = None) -> str:
+        """One race for piece `index` along `chain` (and `helper`): 'ok', 'gone', 'dead' or 'failed'
+        (piece_race.py)."""
+        race = PieceRace(self.book, chain, time.monotonic(), st.pieces[index].size, helper)
         tasks: dict[Try, asyncio.Task] = {}
 
         def send(tries: list[Try]) -> None:
@@ -155,7 +158,7 @@ class PieceFetcher:
         try:
             async with self.tracker.session.get(f"{self.url_of(tr.src)}/v/{st.version}/piece/{index}",
                                                 headers=headers(self.tracker.peer_id, self.tracker.token,
-                                                                piece_name(st.version, index))) as r:
+                                                                piece_name(st.version, index), tr.hold)) as r:
                 self.book.answered(tr, time.monotonic())
                 if r.status == 404:
                     how = "absent"
@@ -214,5 +217,5 @@ class PieceFetcher:
             if chunks:
                 sent_from = sending_started(tr.answered_at, first_at, now, len(chunks[0]), tr.got)
             if sent_from is not None:
-                self.book.meter.span(tr.src, sent_from, now)
+                self.book.sending_span(tr, sent_from, now)
         return b"".join(chunks), sent_from

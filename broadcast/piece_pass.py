@@ -25,6 +25,7 @@ from .peer_rec import PeerRec
 
 PEER_HEADER = "X-Peer"
 PASS_HEADER = "X-Peer-Pass"
+HOLD_HEADER = "X-Hold"  # "0": answer 404 unless the piece is held here now (a helper's request)
 TRIAL = (1 / 60, 2.0)  # a non-member's address prefix: pieces per second, and at once
 
 
@@ -41,9 +42,13 @@ def pass_for(token: str, name: str) -> str:
     return hmac.new(token.encode(), name.encode(), hashlib.sha256).hexdigest()[:32]
 
 
-def headers(peer_id: str | None, token: str, name: str) -> dict[str, str]:
-    """What a member sends with each request for `name` (piece_name, file_name), to any source."""
-    return {PEER_HEADER: peer_id or "", PASS_HEADER: pass_for(token, name) if peer_id else ""}
+def headers(peer_id: str | None, token: str, name: str, hold: bool = True) -> dict[str, str]:
+    """What a member sends with each request for `name` (piece_name, file_name), to any source; `hold`
+    False: only if the source has it now (HOLD_HEADER)."""
+    out = {PEER_HEADER: peer_id or "", PASS_HEADER: pass_for(token, name) if peer_id else ""}
+    if not hold:
+        out[HOLD_HEADER] = "0"
+    return out
 
 
 def posing_as(peers: dict[str, PeerRec], accused: PeerRec) -> PeerRec | None:

@@ -44,9 +44,12 @@ class RetryPlan:
 
 
 class PieceRace:
-    def __init__(self, book: SourceBook, chain: list[str], now: float, size: int = 0):
-        """`size`: the piece's bytes (0: not known; its pace is then judged only against MIN_RATE)."""
-        self.book, self.chain, self.size = book, chain, size
+    def __init__(self, book: SourceBook, chain: list[str], now: float, size: int = 0, helper: str | None = None):
+        """`size`: the piece's bytes (0: not known; its pace is then judged only against MIN_RATE); `helper`
+        (SourceBook.helper): asked after the chain's relays, before the origin."""
+        if helper is not None and chain and chain[-1] == ORIGIN:
+            chain = [*chain[:-1], helper, ORIGIN]
+        self.book, self.chain, self.size, self.helper = book, chain, size, helper
         self.tries: list[Try] = []  # in flight, oldest first
         self.pos = 0
         self.result = ""  # ok | gone (the origin has no such version) | dead | failed
@@ -57,7 +60,8 @@ class PieceRace:
         return self._ask_next(now)
 
     def _ask_next(self, now: float) -> Try:
-        tr = Try(self.chain[self.pos], now, self.book.pieces_in, size=self.size)
+        src = self.chain[self.pos]
+        tr = Try(src, now, self.book.pieces_in, size=self.size, hold=src != self.helper)
         self.pos += 1
         self.tries.append(tr)
         return tr
@@ -87,6 +91,10 @@ class PieceRace:
         src, reason = tr.src, how
         if how == "absent":
             tr.outcome = "absent"
+            return None
+        if src == self.helper and how != "corrupt":  # not placed to send us this piece: no fault of its own
+            tr.outcome = "failed"
+            self.book.unhelped(src, now)
             return None
         if how == "http":
             reason = "stall" if detail == "HTTP 503" else "dead"
@@ -151,6 +159,9 @@ class PieceRace:
         never answered."""
         for tr in self.tries:
             if tr.src == ORIGIN or not self.book.still_silent(tr, now):
+                continue
+            if tr.src == self.helper:
+                self.book.unhelped(tr.src, now)
                 continue
             if tr.slow:  # too slow: the rate we saw goes to the tracker (placed lower), not a report, and it
                 self.book.slow_evidence(tr, now)  # is left out as long as a source reported dead would be

@@ -19,6 +19,7 @@ from .config import PeerConfig
 from .downloads import Downloads
 from .identity import is_hex, reach_answer
 from .manifest import encode_manifest
+from .piece_pass import HOLD_HEADER
 from .ratelimit import RateLimiter
 from .serving import MAX_VERSION, Turns, parse_int, serve_piece
 from .tracker_client import TrackerClient
@@ -73,8 +74,10 @@ class RelayServer:
         async def lookup(version: int):
             return await self.downloads.lookup(version, self.follow())
 
-        # The tracker names the members below us that are not first in line, by address (uplink_share.py).
-        if (remote := request.remote or "") not in self.tracker.low:
+        # The tracker names the members below us that are not first in line, by address (uplink_share.py); a
+        # helper's request (HOLD_HEADER: a member not placed to ask us this piece) is not first either.
+        remote = request.remote or ""
+        if remote not in self.tracker.low and request.headers.get(HOLD_HEADER) != "0":
             first = FirstAnswer(self.share, f"{remote} {request.headers.get('X-Peer', '')[:64]}", self._sent)
             try:
                 return await serve_piece(request, lookup, self.limiter, self.cfg.hold_s, self.turns,

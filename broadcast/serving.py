@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from .piece_pass import HOLD_HEADER
 from .ratelimit import RateLimiter
 from .store import VersionState
 from .turns import TurnQueue, turn_key
@@ -72,6 +73,8 @@ async def serve_piece(
     index = parse_int(request.match_info["index"], len(st.pieces) - 1, "piece index")
     if st.abandoned:
         raise web.HTTPNotFound(text=f"version {version} dropped here")
+    if request.headers.get(HOLD_HEADER) == "0" and not st.have[index]:  # a helper is asked: now or not at all
+        raise web.HTTPNotFound(text=f"v{version} piece {index} not here yet")
     ref = st.pieces[index]
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     resp.content_length = ref.size

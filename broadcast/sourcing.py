@@ -34,6 +34,8 @@ MIN_RATE = 16 << 10  # bytes/s: slower than this a source is gone around whateve
 PACE_AFTER = 2
 POLL_S = 0.2  # how often a race looks again whether its newest request has fallen that far behind
 MAX_KNOWN = 256  # sources remembered per peer (the least recently heard are forgotten)
+HELPER_S = AVOID_S  # a source that delivered us a verified piece this recently may help with other trees
+HELPERS = 3  # the most recent such sources a race draws its helper from, in turn
 
 
 def backoff_s(failures: int) -> float:
@@ -57,6 +59,7 @@ class Try:
     slow: bool = False  # gone around for sending far slower than our pieces usually come
     outcome: str = ""  # ok | absent | dead | failed | released (let go before a byte: asked again)
     gone_around_at: float = 0.0  # when the race judged it silent and asked the next ancestor (0: never)
+    hold: bool = True  # False: a helper's (SourceBook.helper): the source answers 404 unless it has the piece
 
     @property
     def delivered(self) -> int:
@@ -83,11 +86,37 @@ class SourceBook:
         self.meter = ReceiveMeter()  # per source: what came and how long it took (placement's evidence)
         self.silences: dict[str, int] = {}  # per source: races it was silent through since it last delivered
         self.on_trial: frozenset[str] = frozenset()  # our sources on trial (broadcast/trials.py), as the tracker says
+        self.delivered_at: dict[str, float] = {}  # per source: when it last delivered us a verified piece
+        self.unhelpful: dict[str, float] = {}  # per helper: until when it is not asked to help again
+        self.helped = 0  # races given a helper
 
     # -- which source ----------------------------------------------------------------------------------
     def chain(self, relays: list[str], now: float) -> list[str]:
         """The sources to ask, in order: the relays above us in the piece's tree not avoided, the origin last."""
         return [u for u in relays if u != ORIGIN and self.avoid.get(u, -math.inf) < now] + [ORIGIN]
+
+    def helper(self, relays: list[str], chain: list[str], now: float) -> str | None:
+        """A source to ask before the origin once the chain's relays are silent: one that delivered us a
+        verified piece within HELPER_S (of another tree: it is not in this chain), not avoided, and not
+        silent when it last helped; the HELPERS most recent in turn. None where the origin is our placed
+        parent in this tree (a helper holds until its own parent, maybe us, delivers) or none qualifies.
+        Among strangers a third of the relays may send nothing, and peers whose every ancestor in a tree
+        was silent had that tree's pieces from the origin: 19.6 copies of the first version went through
+        its one uplink, which set the version's time (bench/tree_attacks_sim.py --n 100 --strangers)."""
+        if not any(u != ORIGIN for u in relays):
+            return None
+        picks = [u for u, t in reversed(self.delivered_at.items())
+                 if now - t <= HELPER_S and u not in chain and self.avoid.get(u, -math.inf) < now
+                 and self.unhelpful.get(u, -math.inf) < now][:HELPERS]
+        if not picks:
+            return None
+        self.helped += 1
+        return picks[self.helped % len(picks)]
+
+    def unhelped(self, src: str, now: float) -> None:
+        """A helper that did not deliver: not asked to help for SILENT_AVOID_S. Nothing else: it was never
+        placed to send us this tree's pieces, and it may be our parent in its own tree."""
+        _note(self.unhelpful, src, now + SILENT_AVOID_S)
 
     def deadline(self) -> float:
         """How long a source may leave us unanswered before the next ancestor is asked too: the first-byte
@@ -160,6 +189,12 @@ class SourceBook:
         self.heard(tr.src, now, body=True)
         tr.got, tr.first_at = got, tr.first_at or first_at
 
+    def sending_span(self, tr: Try, start: float, end: float) -> None:
+        """tr's source was sending it to us over [start, end]: placement's evidence of its uplink, unless it
+        was helping (it sends a helper's answer from what its own children leave, not at its uplink's pace)."""
+        if tr.hold:
+            self.meter.span(tr.src, start, end)
+
     def slow_evidence(self, tr: Try, now: float) -> None:
         """A source gone around for its pace: what it sent us, over how long, counts in our receive report
         (placement's evidence, placement.py), so the tracker sees the rate we saw and places it lower."""
@@ -184,9 +219,11 @@ class SourceBook:
         self.pieces_in += 1
         took = now - tr.started  # held, then streamed
         self.latency_s = took if self.latency_s is None else 0.8 * self.latency_s + 0.2 * took
-        if sent_from is not None:
+        if sent_from is not None and tr.hold:  # (as sending_span)
             self.meter.credit(tr.src, size)
         self.received[tr.src] = self.received.pop(tr.src, 0) + size
+        if not tr.first_at or size / max(now - tr.first_at, 1e-6) >= size / self.latency_s:
+            _note(self.delivered_at, tr.src, now)  # streamed faster than our pieces usually come: may help
         if len(self.received) > 64:
             del self.received[next(iter(self.received))]
 

@@ -40,7 +40,9 @@ class Fetching:
             p.next_piece(tree)
             return
         now = self.sw.sim.now
-        race = PieceRace(p.book, p.book.chain(p.relays(tree), now), now, self.sw.piece_size(p.version, index))
+        relays = p.relays(tree)
+        chain = p.book.chain(relays, now)
+        race = PieceRace(p.book, chain, now, self.sw.piece_size(p.version, index), p.book.helper(relays, chain, now))
         rs = RaceState(race, tree, index, failures, p.version)
         self._ask(p, rs, race.start(now))
         self._look(p, rs)
@@ -82,7 +84,7 @@ class Fetching:
             return
         p.book.body(req.tr, size - req.tr.got, now)
         sent_from = req.sent_from + self._lat(req)
-        p.book.meter.span(req.tr.src, sent_from, now)
+        p.book.sending_span(req.tr, sent_from, now)
         p.book.piece_in(req.tr, size, now, sent_from)
         p.got_piece(req.index)
         self._ended(req)
@@ -169,6 +171,9 @@ class Fetching:
         v = req.rs.version
         if src is None or src.holds(v, req.index) or v in src.complete:
             self.serve(req)
+        elif not req.tr.hold:  # a helper without it: 404 (serving.py)
+            req.state = "over"
+            self.sw.sim.after(back, self._conclude, req, "absent", "not here yet")
         else:
             req.state = "held"
             src.held[req.index].append(req)
@@ -205,7 +210,8 @@ class Fetching:
         src_host = sw.origin.host if req.src is None else req.src.host
         # Sent after others (broadcast/uplink_share.py): by the origin to members not first in line, by a
         # relay to the members below it that the tracker named to it (TreeSources.low).
-        low = not sw.origin.tracker.line.first(req.peer.pid, req.index) if req.src is None else req.peer.host.name in req.src.low
+        low = (not sw.origin.tracker.line.first(req.peer.pid, req.index) if req.src is None
+               else req.peer.host.name in req.src.low or not req.tr.hold)  # a helper's request: low too
         req.xfer = sw.net.start(src_host, req.peer.host, size, lambda x, ok: self._sent(req, ok, size), low=low)
 
     def _sent(self, req: Req, ok: bool, size: int) -> None:

@@ -207,3 +207,50 @@ def test_a_parent_on_trial_that_answered_and_sends_nothing_is_gone_around_after_
         assert race.look(gone_by - 0.1)[0] == [], on_trial
         (second,), _ = race.look(gone_by + 0.01)
         assert second.src == G, on_trial
+
+
+def test_a_source_that_delivered_another_tree_helps_before_the_origin_only_if_it_has_the_piece_now():
+    """Among strangers a third of the relays may send nothing, and peers whose every ancestor in a tree was
+    silent had that tree's pieces from the origin (19.6 copies of the first version through its one
+    uplink, bench/tree_attacks_sim.py --n 100 --strangers). A source that streamed us another tree's piece
+    lately is asked before the origin, for the piece only if it has it now (no hold); what it does not
+    do costs it no place as our parent."""
+    H, size = "http://helper:1", 1000
+    b = book()
+    b.latency_s = 1.0
+    assert b.helper([P], [P, ORIGIN], 0.0) is None  # nobody has delivered yet
+    other = PieceRace(b, [H, ORIGIN], 0.0, size).start(0.0)
+    b.answered(other, 0.05)
+    b.body(other, size, 0.1)
+    b.piece_in(other, size, 0.1, 0.05)  # H, our parent in another tree, streamed us a piece
+    assert b.helper([ORIGIN], [ORIGIN], 0.2) is None  # the origin is our parent here: nobody before it
+    helper = b.helper([P], [P, ORIGIN], 0.2)
+    assert helper == H and b.helper([P, H], [P, H, ORIGIN], 0.2) is None  # not one already in the chain
+    race = PieceRace(b, b.chain([P], 0.2), 0.2, size, helper)
+    assert race.chain == [P, H, ORIGIN]
+    first = race.start(0.2)
+    b.answered(first, 0.25)  # the parent answers, then sends nothing
+    (asked,), _ = race.look(0.2 + IDLE_ROUNDS * 1.0 + 0.01)
+    assert asked.src == H and not asked.hold and first.hold
+    b.answered(asked, 4.3)
+    assert race.concluded(asked, "absent", 4.3) is None  # not here yet: the origin at once, H not blamed
+    assert race.ended(asked, 4.3) == ([], [])
+    (o,), _ = race.look(4.3)  # the parent was silent already
+    assert o.src == ORIGIN and H not in b.avoid and b.unhelpful.get(H, 0.0) < 4.3
+
+    race2 = PieceRace(b, b.chain([P], 10.0), 10.0, size, b.helper([P], b.chain([P], 10.0), 10.0))
+    race2.start(10.0)
+    (h,), _ = race2.look(11.01)  # the parent never answered: H next
+    b.answered(h, 11.05)
+    assert race2.concluded(h, "cut", 12.0) is None  # cut short: not reported, not avoided as a parent
+    race2.ended(h, 12.0)
+    assert race2.look(12.0)[0][0].src == ORIGIN
+    assert H not in b.avoid and b.unhelpful[H] == 12.0 + SILENT_AVOID_S
+    assert b.helper([P], [P, ORIGIN], 13.0) is None and b.helper([P], [P, ORIGIN], 17.1) == H
+
+    slow = PieceRace(b, [G, ORIGIN], 20.0, size).start(20.0)  # G streams a piece far slower than usual
+    b.answered(slow, 20.05)
+    b.body(slow, 1, 20.1)
+    b.body(slow, size - 1, 30.1)
+    b.piece_in(slow, size, 30.1, 20.1)
+    assert G not in b.delivered_at
