@@ -89,6 +89,7 @@ class SourceBook:
         self.delivered_at: dict[str, float] = {}  # per source: when it last delivered us a verified piece
         self.unhelpful: dict[str, float] = {}  # per helper: until when it is not asked to help again
         self.helped = 0  # races given a helper
+        self.stream_rate: dict[str, float] = {}  # per source: the smoothed rate its pieces streamed at
 
     # -- which source ----------------------------------------------------------------------------------
     def chain(self, relays: list[str], now: float) -> list[str]:
@@ -222,8 +223,12 @@ class SourceBook:
         if sent_from is not None and tr.hold:  # (as sending_span)
             self.meter.credit(tr.src, size)
         self.received[tr.src] = self.received.pop(tr.src, 0) + size
-        if not tr.first_at or size / max(now - tr.first_at, 1e-6) >= size / self.latency_s:
-            _note(self.delivered_at, tr.src, now)  # streamed faster than our pieces usually come: may help
+        rate = size / (now - sent_from) if sent_from is not None and now > sent_from else None
+        if rate is not None:  # from its first byte to its last (holds and turns not counted)
+            old = self.stream_rate.get(tr.src)
+            _note(self.stream_rate, tr.src, rate if old is None else 0.7 * old + 0.3 * rate)
+        if rate is None or rate >= self.usual_rate(tr.src, size):
+            _note(self.delivered_at, tr.src, now)  # not far slower than the others: it may help
         if len(self.received) > 64:
             del self.received[next(iter(self.received))]
 
@@ -263,21 +268,31 @@ class SourceBook:
         return 0.0 if left <= 0 else min(left, POLL_S, pace)
 
     def pace(self, tr: Try, now: float) -> float:
-        """0 when a streaming try's bytes come far too slowly: below MIN_RATE, or SLOW_FACTOR times below
-        the rate at which our pieces usually arrive (their size over our usual piece latency, which counts
-        holds and turns, so an honest parent sends faster than that), and it would not be done within
-        the answer deadline at that rate; else when to judge again. Judged once its bytes have come for
-        PACE_AFTER answer deadlines, on the bytes that reached us (read, or waiting: `waiting`)."""
+        """0 when a streaming try's bytes come far too slowly (below `usual_rate`) and it would not be done
+        within the answer deadline at that rate; else when to judge again. Judged once its bytes have come
+        for PACE_AFTER answer deadlines, on the bytes that reached us (read, or waiting: `waiting`)."""
         deadline = self._deadline(tr)
         if (left := tr.first_at + PACE_AFTER * deadline - now) > 0:  # a look at now + left judges
             return left
         rate = tr.delivered / max(now - tr.first_at, 1e-9)
         if tr.size and tr.size - tr.delivered <= rate * deadline:
             return deadline  # nearly there
+        return 0.0 if rate < self.usual_rate(tr.src, tr.size) else deadline
+
+    def usual_rate(self, src: str, size: int) -> float:
+        """The slowest pace at which `src` is not far too slow: MIN_RATE, and SLOW_FACTOR times below the
+        rate our pieces usually arrive at (their size over our usual piece latency, which counts holds and
+        turns, so an honest parent sends faster than that) and below the rate the other sources' pieces
+        streamed at, first byte to last (the lower median of theirs). The first alone was dragged down by
+        the slow source itself: a child whose parent sent every piece at MIN_RATE had a usual latency of
+        16 s and took 14 pieces so, 112 s (slow-loris among strangers, bench/tree_attacks_sim.py --n 100)."""
         expect = MIN_RATE
-        if tr.size and self.latency_s:
-            expect = max(expect, tr.size / self.latency_s / SLOW_FACTOR)
-        return 0.0 if rate < expect else deadline
+        if size and self.latency_s:
+            expect = max(expect, size / self.latency_s / SLOW_FACTOR)
+        others = sorted(r for u, r in self.stream_rate.items() if u != src)
+        if others:
+            expect = max(expect, others[(len(others) - 1) // 2] / SLOW_FACTOR)
+        return expect
 
     def still_silent(self, tr: Try, now: float) -> bool:
         """Silent now, or gone around as silent and not heard from since. The verdict at the bypass stands:

@@ -103,3 +103,22 @@ def test_a_source_that_answers_the_probe_fast_and_serves_slowly_is_placed_lower(
     assert (tr.uploads.uplink(LORIS) or 0) < MiB  # the probe said 300 MB/s; the honest relays have 5 MiB/s
     _, children = tr.topology()
     assert not any(children[t].get(lrec.peer_id) for t in range(2)), "honest peers still under the loris"
+
+
+def test_a_trickling_parent_that_set_our_usual_latency_is_judged_by_what_the_others_stream():
+    """Among strangers a child whose parent in one tree sent every piece at 16 KiB/s had a usual latency of
+    16 s from those pieces alone, and the pace they set was 'usual': it took 14 pieces so, 112 s (slow-loris,
+    bench/tree_attacks_sim.py --n 100 --strangers, seed 3). The pace is judged against the rate the other
+    sources streamed at too: gone around within two answer deadlines (before: not in 60 s)."""
+    b = book(stall_timeout=60.0)
+    b.latency_s = 16.0  # the loris's own pieces made it so
+    for i, src in enumerate(("http://a:1", "http://b:1", "http://c:1")):  # the other trees' parents: 640 KiB/s
+        t = 10.0 * i
+        tr = PieceRace(b, [src, ORIGIN], t, MiB).start(t)
+        b.answered(tr, t + 0.05)
+        b.body(tr, MiB, t + 1.65)
+        b.piece_in(tr, MiB, t + 1.65, t + 0.05)
+    b.latency_s = 16.0
+    race = PieceRace(b, b.chain([LORIS], 40.0), 40.0, MiB)
+    took = trickle(b, race, 40.0, 100.0)
+    assert took is not None and took <= 2 * b.deadline() + 0.5, took
