@@ -100,7 +100,7 @@ class SourceBook:
         """A source to ask before the origin once the chain's relays are silent: one that delivered us a
         verified piece within HELPER_S (of another tree: it is not in this chain), not avoided, and not
         silent when it last helped; the HELPERS most recent in turn. None where the origin is our placed
-        parent in this tree (a helper holds until its own parent, maybe us, delivers) or none qualifies.
+        parent in this tree (it is asked first: it has every piece) or none qualifies.
         Among strangers a third of the relays may send nothing, and peers whose every ancestor in a tree
         was silent had that tree's pieces from the origin: 19.6 copies of the first version went through
         its one uplink, which set the version's time (bench/tree_attacks_sim.py --n 100 --strangers)."""
