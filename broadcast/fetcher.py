@@ -84,7 +84,8 @@ class PieceFetcher:
             self.book.on_trial = self.tracker.on_trial
             relays, now = self.tracker.relays(tree), time.monotonic()
             chain = self.book.chain(relays, now)
-            outcome = await self.race(st, index, chain, self.book.helper(relays, chain, now))
+            others = [r[0] for t, r in enumerate(self.tracker.sources) if t != tree % len(self.tracker.sources) and r]
+            outcome = await self.race(st, index, chain, self.book.helpers(relays, chain, now, others))
             if outcome == "ok":
                 return
             failures += outcome != "gone"
@@ -96,10 +97,10 @@ class PieceFetcher:
             else:
                 await asyncio.sleep(plan.wait_s)
 
-    async def race(self, st: VersionState, index: int, chain: list[str], helper: str | None = None) -> str:
-        """One race for piece `index` along `chain` (and `helper`): 'ok', 'gone', 'dead' or 'failed'
+    async def race(self, st: VersionState, index: int, chain: list[str], helpers: list[str] = ()) -> str:
+        """One race for piece `index` along `chain` (then `helpers`): 'ok', 'gone', 'dead' or 'failed'
         (piece_race.py)."""
-        race = PieceRace(self.book, chain, time.monotonic(), st.pieces[index].size, helper)
+        race = PieceRace(self.book, chain, time.monotonic(), st.pieces[index].size, helpers)
         tasks: dict[Try, asyncio.Task] = {}
 
         def send(tries: list[Try]) -> None:

@@ -44,12 +44,13 @@ class RetryPlan:
 
 
 class PieceRace:
-    def __init__(self, book: SourceBook, chain: list[str], now: float, size: int = 0, helper: str | None = None):
-        """`size`: the piece's bytes (0: not known; its pace is then judged only against MIN_RATE); `helper`
-        (SourceBook.helper): asked after the chain's relays, before the origin."""
-        if helper is not None and chain and chain[-1] == ORIGIN:
-            chain = [*chain[:-1], helper, ORIGIN]
-        self.book, self.chain, self.size, self.helper = book, chain, size, helper
+    def __init__(self, book: SourceBook, chain: list[str], now: float, size: int = 0, helpers: list[str] = ()):
+        """`size`: the piece's bytes (0: not known; its pace is then judged only against MIN_RATE); `helpers`
+        (SourceBook.helpers): asked after the chain's relays, before the origin."""
+        helpers = [h for h in helpers if h not in chain]
+        if helpers and chain and chain[-1] == ORIGIN:
+            chain = [*chain[:-1], *helpers, ORIGIN]
+        self.book, self.chain, self.size, self.helpers = book, chain, size, frozenset(helpers)
         self.tries: list[Try] = []  # in flight, oldest first
         self.pos = 0
         self.result = ""  # ok | gone (the origin has no such version) | dead | failed
@@ -61,7 +62,7 @@ class PieceRace:
 
     def _ask_next(self, now: float) -> Try:
         src = self.chain[self.pos]
-        tr = Try(src, now, self.book.pieces_in, size=self.size, hold=src != self.helper)
+        tr = Try(src, now, self.book.pieces_in, size=self.size, hold=src not in self.helpers)
         self.pos += 1
         self.tries.append(tr)
         return tr
@@ -92,7 +93,7 @@ class PieceRace:
         if how == "absent":
             tr.outcome = "absent"
             return None
-        if src == self.helper and how != "corrupt":  # not placed to send us this piece: no fault of its own
+        if src in self.helpers and how != "corrupt":  # not placed to send us this piece: no fault of its own
             tr.outcome = "failed"
             self.book.unhelped(src, now)
             return None
@@ -160,7 +161,7 @@ class PieceRace:
         for tr in self.tries:
             if tr.src == ORIGIN or not self.book.still_silent(tr, now):
                 continue
-            if tr.src == self.helper:
+            if tr.src in self.helpers:
                 self.book.unhelped(tr.src, now)
                 continue
             if tr.slow:  # too slow: the rate we saw goes to the tracker (placed lower), not a report, and it

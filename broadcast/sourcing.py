@@ -35,7 +35,8 @@ PACE_AFTER = 2
 POLL_S = 0.2  # how often a race looks again whether its newest request has fallen that far behind
 MAX_KNOWN = 256  # sources remembered per peer (the least recently heard are forgotten)
 HELPER_S = AVOID_S  # a source that delivered us a verified piece this recently may help with other trees
-HELPERS = 3  # the most recent such sources a race draws its helper from, in turn
+HELPERS = 3  # the most recent such sources a race draws its helpers from, in turn
+MAX_HELPERS = 3  # helpers a race asks at most, one after another
 
 
 def backoff_s(failures: int) -> float:
@@ -96,23 +97,29 @@ class SourceBook:
         """The sources to ask, in order: the relays above us in the piece's tree not avoided, the origin last."""
         return [u for u in relays if u != ORIGIN and self.avoid.get(u, -math.inf) < now] + [ORIGIN]
 
-    def helper(self, relays: list[str], chain: list[str], now: float) -> str | None:
-        """A source to ask before the origin once the chain's relays are silent: one that delivered us a
-        verified piece within HELPER_S (of another tree: it is not in this chain), not avoided, and not
-        silent when it last helped; the HELPERS most recent in turn. None where the origin is our placed
-        parent in this tree (it is asked first: it has every piece) or none qualifies.
-        Among strangers a third of the relays may send nothing, and peers whose every ancestor in a tree
-        was silent had that tree's pieces from the origin: 19.6 copies of the first version went through
-        its one uplink, which set the version's time (bench/tree_attacks_sim.py --n 100 --strangers)."""
+    def helpers(self, relays: list[str], chain: list[str], now: float, neighbours: list[str] = ()) -> list[str]:
+        """Sources to ask before the origin once the chain's relays are silent, in turn: first those that
+        delivered us a verified piece within HELPER_S (of another tree: not in this chain; the most recent
+        first, rotated), then our parents in the other trees (`neighbours`: before anything was delivered,
+        the first version, they are all we know); none avoided, none silent when it last helped, MAX_HELPERS
+        at most. None where the origin is our placed parent in this tree (it is asked first: it has every
+        piece). Among strangers a third of the relays may send nothing, and peers whose every ancestor in a
+        tree was silent had that tree's pieces from the origin: 19.6 copies of the first version went
+        through its one uplink, which set the version's time (bench/tree_attacks_sim.py --n 100 --strangers)."""
         if not any(u != ORIGIN for u in relays):
-            return None
-        picks = [u for u, t in reversed(self.delivered_at.items())
-                 if now - t <= HELPER_S and u not in chain and self.avoid.get(u, -math.inf) < now
-                 and self.unhelpful.get(u, -math.inf) < now][:HELPERS]
-        if not picks:
-            return None
-        self.helped += 1
-        return picks[self.helped % len(picks)]
+            return []
+
+        def ok(u: str) -> bool:
+            return (u != ORIGIN and u not in chain and self.avoid.get(u, -math.inf) < now
+                    and self.unhelpful.get(u, -math.inf) < now)
+
+        recent = [u for u, t in reversed(self.delivered_at.items()) if now - t <= HELPER_S and ok(u)][:HELPERS]
+        if recent:
+            self.helped += 1
+            k = self.helped % len(recent)
+            recent = recent[k:] + recent[:k]
+        picks = recent + [u for u in neighbours if ok(u) and u not in recent]
+        return picks[:MAX_HELPERS]
 
     def unhelped(self, src: str, now: float) -> None:
         """A helper that did not deliver: not asked to help for SILENT_AVOID_S. Nothing else: it was never

@@ -42,7 +42,8 @@ class Fetching:
         now = self.sw.sim.now
         relays = p.relays(tree)
         chain = p.book.chain(relays, now)
-        race = PieceRace(p.book, chain, now, self.sw.piece_size(p.version, index), p.book.helper(relays, chain, now))
+        others = [r[0] for t, r in enumerate(p.sources) if t != tree % len(p.sources) and r]
+        race = PieceRace(p.book, chain, now, self.sw.piece_size(p.version, index), p.book.helpers(relays, chain, now, others))
         rs = RaceState(race, tree, index, failures, p.version)
         self._ask(p, rs, race.start(now))
         self._look(p, rs)

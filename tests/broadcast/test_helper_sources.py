@@ -40,10 +40,10 @@ def test_a_helper_serves_what_it_holds_and_refuses_at_once_what_it_does_not(tmp_
                 assert await helper.fetcher.race(st, i, [ORIGIN]) == "ok"
             cst = await asyncio.to_thread(child.store.open_partial, await child.downloads.manifest(1))
             t0 = time.monotonic()
-            out["held"] = await child.fetcher.race(cst, 2, [ORIGIN], helper=helper.url)
+            out["held"] = await child.fetcher.race(cst, 2, [ORIGIN], helpers=[helper.url])
             out["held_from"] = dict(child.received)
             t1 = time.monotonic()
-            out["missing"] = await child.fetcher.race(cst, 5, [ORIGIN], helper=helper.url)
+            out["missing"] = await child.fetcher.race(cst, 5, [ORIGIN], helpers=[helper.url])
             out["missing_s"], out["held_s"] = time.monotonic() - t1, t1 - t0
             out["from"] = dict(child.received)
             out["unhelpful"] = dict(child.book.unhelpful)

@@ -218,15 +218,15 @@ def test_a_source_that_delivered_another_tree_helps_before_the_origin_only_if_it
     H, size = "http://helper:1", 1000
     b = book()
     b.latency_s = 1.0
-    assert b.helper([P], [P, ORIGIN], 0.0) is None  # nobody has delivered yet
+    assert b.helpers([P], [P, ORIGIN], 0.0) == []  # nobody has delivered yet, no neighbour given
     other = PieceRace(b, [H, ORIGIN], 0.0, size).start(0.0)
     b.answered(other, 0.05)
     b.body(other, size, 0.1)
     b.piece_in(other, size, 0.1, 0.05)  # H, our parent in another tree, streamed us a piece
-    assert b.helper([ORIGIN], [ORIGIN], 0.2) is None  # the origin is our parent here: nobody before it
-    helper = b.helper([P], [P, ORIGIN], 0.2)
-    assert helper == H and b.helper([P, H], [P, H, ORIGIN], 0.2) is None  # not one already in the chain
-    race = PieceRace(b, b.chain([P], 0.2), 0.2, size, helper)
+    assert b.helpers([ORIGIN], [ORIGIN], 0.2) == []  # the origin is our parent here: nobody before it
+    helpers = b.helpers([P], [P, ORIGIN], 0.2)
+    assert helpers == [H] and b.helpers([P, H], [P, H, ORIGIN], 0.2) == []  # not one already in the chain
+    race = PieceRace(b, b.chain([P], 0.2), 0.2, size, helpers)
     assert race.chain == [P, H, ORIGIN]
     first = race.start(0.2)
     b.answered(first, 0.25)  # the parent answers, then sends nothing
@@ -238,7 +238,7 @@ def test_a_source_that_delivered_another_tree_helps_before_the_origin_only_if_it
     (o,), _ = race.look(4.3)  # the parent was silent already
     assert o.src == ORIGIN and H not in b.avoid and b.unhelpful.get(H, 0.0) < 4.3
 
-    race2 = PieceRace(b, b.chain([P], 10.0), 10.0, size, b.helper([P], b.chain([P], 10.0), 10.0))
+    race2 = PieceRace(b, b.chain([P], 10.0), 10.0, size, b.helpers([P], b.chain([P], 10.0), 10.0))
     race2.start(10.0)
     (h,), _ = race2.look(11.01)  # the parent never answered: H next
     b.answered(h, 11.05)
@@ -246,7 +246,7 @@ def test_a_source_that_delivered_another_tree_helps_before_the_origin_only_if_it
     race2.ended(h, 12.0)
     assert race2.look(12.0)[0][0].src == ORIGIN
     assert H not in b.avoid and b.unhelpful[H] == 12.0 + SILENT_AVOID_S
-    assert b.helper([P], [P, ORIGIN], 13.0) is None and b.helper([P], [P, ORIGIN], 17.1) == H
+    assert b.helpers([P], [P, ORIGIN], 13.0) == [] and b.helpers([P], [P, ORIGIN], 17.1) == [H]
 
     slow = PieceRace(b, [G, ORIGIN], 20.0, size).start(20.0)  # G streams a piece far slower than usual
     b.answered(slow, 20.05)
@@ -254,3 +254,32 @@ def test_a_source_that_delivered_another_tree_helps_before_the_origin_only_if_it
     b.body(slow, size - 1, 30.1)
     b.piece_in(slow, size, 30.1, 20.1)
     assert G not in b.delivered_at
+
+
+def test_before_anything_came_our_parents_in_the_other_trees_help_in_turn_before_the_origin():
+    """The first version among strangers: nobody has delivered us anything yet, and peers whose relays in a
+    tree were all silent had that tree's pieces from the origin, which sent 6-10 copies of the version
+    (bench/tree_attacks_sim.py --n 100 --strangers). Our parents in the other trees are asked before the
+    origin, in turn, each for the piece only if it has it now; not having it is no fault."""
+    A, B, C, size = "http://a:1", "http://b:1", "http://c:1", 1000
+    b = book()
+    others = [A, B, P, C]  # (P is in this chain: never its own helper)
+    helpers = b.helpers([P], [P, ORIGIN], 0.0, others)
+    assert helpers == [A, B, C]
+    race = PieceRace(b, [P, ORIGIN], 0.0, size, helpers)
+    assert race.chain == [P, A, B, C, ORIGIN]
+    race.start(0.0)
+    assert race.look(0.99)[0] == []
+    (a,), _ = race.look(1.01)  # the parent never answered: the first helper, asked for what it holds now
+    assert a.src == A and not a.hold
+    assert race.concluded(a, "absent", 1.1) is None and race.ended(a, 1.1) == ([], [])
+    (bb,), _ = race.look(1.1)
+    assert bb.src == B
+    assert race.concluded(bb, "absent", 1.2) is None and race.ended(bb, 1.2) == ([], [])
+    (c,), _ = race.look(1.2)
+    b.answered(c, 1.25)
+    b.body(c, size, 1.3)
+    b.piece_in(c, size, 1.3, 1.25)
+    assert race.ended(c, 1.3)[1] and race.result == "ok"
+    assert A not in b.avoid and B not in b.avoid and A not in b.unhelpful  # not having it is no fault
+    assert b.helpers([P], [P, ORIGIN], 1.5, others)[0] == C  # it delivered: first in turn now
