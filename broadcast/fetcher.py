@@ -85,7 +85,7 @@ class PieceFetcher:
             relays, now = self.tracker.relays(tree), time.monotonic()
             chain = self.book.chain(relays, now)
             others = [r[0] for t, r in enumerate(self.tracker.sources) if t != tree % len(self.tracker.sources) and r]
-            outcome = await self.race(st, index, chain, self.book.helpers(relays, chain, now, others))
+            outcome = await self.race(st, index, chain, self.book.helpers(relays, chain, now, others), relays)
             if outcome == "ok":
                 return
             failures += outcome != "gone"
@@ -97,10 +97,11 @@ class PieceFetcher:
             else:
                 await asyncio.sleep(plan.wait_s)
 
-    async def race(self, st: VersionState, index: int, chain: list[str], helpers: list[str] = ()) -> str:
+    async def race(self, st: VersionState, index: int, chain: list[str], helpers: list[str] = (),
+                   relays: list[str] | None = None) -> str:
         """One race for piece `index` along `chain` (then `helpers`): 'ok', 'gone', 'dead' or 'failed'
         (piece_race.py)."""
-        race = PieceRace(self.book, chain, time.monotonic(), st.pieces[index].size, helpers)
+        race = PieceRace(self.book, chain, time.monotonic(), st.pieces[index].size, helpers, relays)
         tasks: dict[Try, asyncio.Task] = {}
 
         def send(tries: list[Try]) -> None:

@@ -43,7 +43,8 @@ class Fetching:
         relays = p.relays(tree)
         chain = p.book.chain(relays, now)
         others = [r[0] for t, r in enumerate(p.sources) if t != tree % len(p.sources) and r]
-        race = PieceRace(p.book, chain, now, self.sw.piece_size(p.version, index), p.book.helpers(relays, chain, now, others))
+        race = PieceRace(p.book, chain, now, self.sw.piece_size(p.version, index),
+                         p.book.helpers(relays, chain, now, others), relays)
         rs = RaceState(race, tree, index, failures, p.version)
         self._ask(p, rs, race.start(now))
         self._look(p, rs)

@@ -283,3 +283,40 @@ def test_before_anything_came_our_parents_in_the_other_trees_help_in_turn_before
     assert race.ended(c, 1.3)[1] and race.result == "ok"
     assert A not in b.avoid and B not in b.avoid and A not in b.unhelpful  # not having it is no fault
     assert b.helpers([P], [P, ORIGIN], 1.5, others)[0] == C  # it delivered: first in turn now
+
+
+def test_a_relay_whose_own_parent_was_silent_to_us_too_is_not_measured_as_sending_nothing():
+    """Among strangers a third of the relays may send nothing; an honest relay under one holds its children's
+    requests while it waits for the piece itself, and counted as sending nothing it was laid out as a leaf
+    for good (18 of 67 honest relays by the fifth version, bench/tree_attacks_sim.py --n 100 --strangers).
+    The silence is its parent's when that parent was silent to us too; the relay whose source had the piece
+    (the origin, or a relay that then sent it to us) is the one measured so."""
+    R, size = "http://r:1", 1000
+    b = book()
+    b.latency_s = 0.5
+    race = PieceRace(b, b.chain([R, G], 0.0), 0.0, size, relays=[R, G])
+    r = race.start(0.0)
+    b.answered(r, 0.05)
+    (g,), _ = race.look(2.1)  # R answered and sent nothing: G asked too
+    b.answered(g, 2.15)
+    (o,), _ = race.look(4.2)  # G answered and sent nothing either: the origin
+    b.answered(o, 4.25)
+    b.body(o, size, 4.3)
+    b.piece_in(o, size, 4.3, 4.25)
+    race.ended(o, 4.3)
+    seen = b.meter.take()
+    assert R not in seen and seen[G].bytes == 0 and seen[G].seconds > 2.0  # G's parent (the origin) had it
+    assert R in b.avoid and G in b.avoid  # both left out a while, as before: neither sent us this piece
+
+    b2 = book()
+    b2.latency_s = 0.5
+    race = PieceRace(b2, b2.chain([R, G], 0.0), 0.0, size, relays=[R, G])
+    r = race.start(0.0)
+    b2.answered(r, 0.05)
+    (g,), _ = race.look(2.1)
+    b2.answered(g, 2.15)
+    b2.body(g, size, 2.3)  # G had it and sent it at once: R, which had asked G before us, held ours for nothing
+    b2.piece_in(g, size, 2.3, 2.15)
+    race.ended(g, 2.3)
+    seen = b2.meter.take()
+    assert seen[R].bytes == 0 and seen[R].seconds > 2.0
