@@ -64,7 +64,7 @@ def _rate_target(members: list[list[tuple[float, int]]], n: int, origin_per_tree
     return lo
 
 
-def _usable(c: Candidate, most: int, measured: list[Candidate], fanout: int) -> float:
+def _usable(c: Candidate, most: int, median: float, fanout: int) -> float:
     """What of c's uplink its places can carry, as the trees are balanced by: a relay with a limit on its
     children (UploadMeter.limit, where nobody vouches) can use no more than that many children at the rate a
     relay of the median figure gives each of its `fanout`. Ten keys lifting one of their own to 12.5 GB/s
@@ -72,11 +72,10 @@ def _usable(c: Candidate, most: int, measured: list[Candidate], fanout: int) -> 
     children were all it could take): a version 23x as long (bench/tree_attacks_sim.py --strangers)."""
     if c.limit is None:
         return c.uplink or 0.0
-    median = measured[len(measured) // 2].uplink or 0.0  # (sorted fastest first)
     return min(c.uplink or 0.0, most * median / fanout)
 
 
-def _balance(measured: list[Candidate], most: dict[str, int], trees: int, fanout: int):
+def _balance(measured: list[Candidate], most: dict[str, int], trees: int, fanout: int, median: float):
     """-> (tree per measured relay, per tree: (uplink, children it may have) of its relays). Greedy: the
     fastest first, each to the tree with the least uplink so far."""
     load = [0.0] * trees
@@ -84,7 +83,7 @@ def _balance(measured: list[Candidate], most: dict[str, int], trees: int, fanout
     for c in measured:
         t = load.index(min(load))
         group[c.peer_id] = t
-        load[t] += _usable(c, most[c.peer_id], measured, fanout)
+        load[t] += _usable(c, most[c.peer_id], median, fanout)
     return group, [[(c.uplink, most[c.peer_id]) for c in measured if group[c.peer_id] == t] for t in range(trees)]
 
 
@@ -94,6 +93,15 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     join order; `others`: peers hung in the spare places afterwards (fresh keys, as leaves)."""
     cap = max_children(fanout)
     measured = sorted((c for c in cands if c.capable and c.uplink), key=lambda c: -c.uplink)
+    median = measured[len(measured) // 2].uplink if measured else 0.0
+    if any(c.limit for c in measured):
+        # Nobody vouches: a figure is what most of a relay's few children saw, and by chance most of them
+        # can be friends of its own. Above the median figure, relays are equals, in the members' keyed order:
+        # the fastest first put a key its friends had lifted to 12.5 GB/s at the top of every tree, and the
+        # second version of N = 300 strangers waited on those silent roots for 264 s, 26x
+        # (bench/tree_attacks_sim.py --n 300 --strangers --attack friends).
+        order = {c.peer_id: i for i, c in enumerate(cands)}
+        measured = sorted(measured, key=lambda c: (-min(c.uplink, median), order[c.peer_id]))
     newcomers = [c for c in cands if c.capable and not c.uplink and c.group is not None]
     n_room = int((len(cands) + others) * (1 + HEADROOM)) + 1
     origin_per_tree = origin_uplink / trees if origin_uplink else None
@@ -106,7 +114,7 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     # three children, it was the parent of 8-16 peers in every tree (bench/tree_attacks_sim.py --strangers).
     for scale in (1, 2, 4, 8, 16, cap):
         most = {c.peer_id: min(cap, c.limit * scale) if c.limit else cap for c in measured}
-        tree_of, per_tree = _balance(measured, most, trees, fanout)
+        tree_of, per_tree = _balance(measured, most, trees, fanout, median)
         if not any(c.limit for c in measured) or _fits(per_tree, n_room, origin_per_tree, fixed, FLOOR_RATE):
             break
     group: dict[str, int | None] = {c.peer_id: tree_of.get(c.peer_id) for c in cands}

@@ -174,3 +174,38 @@ def test_among_strangers_the_origin_sends_first_to_the_two_levels_it_feeds():
     tr.set_trusted("p12")  # someone vouches: those who do are first, wherever they sit
     tr.clock.now += 1.0  # (the tracker looks whether anyone vouches once a second)
     assert tr.line.first(r["p12"].peer_id, 0) and not tr.line.first(r["p0"].peer_id, 0)
+
+
+def test_a_key_its_friends_lifted_by_chance_does_not_head_the_tree():
+    """Credit from friends where, by chance, most of the children a friend was given are friends too: f0's
+    children f1 and f2 say they got its pieces at 12.5 GB/s, h6 that it got nothing. What most of them saw
+    is 12.5 GB/s, and by the fastest first f0 headed the next version's tree: at N = 300 strangers such keys
+    headed every tree, whose peers all waited on them (the second version 26x; bench/tree_attacks_sim.py
+    --n 300 --strangers --attack friends). Above the median figure relays are equals, in the keyed order."""
+    tr = Tracker("http://o:1", trees=1, fanout=3, order_key=b"")
+    relays = ["h0", "h1", "f0", "h2", "h3"]  # laid out first, in join order: each gets three children
+    r = {}
+    for name in [*relays, "h4", "h5", "f1", "f2", "h6", "h7", "h8", "h9", "h10", "h11", "h12"]:
+        rec = tr.peers[tr.join(Join(f"http://{name}:1", name in relays, name), key=name).peer_id]
+        tr.prove(rec, "test")
+        r[name] = rec
+    assert parent_of(tr, r["h0"]) is None
+    assert [p.name for p in r.values() if parent_of(tr, p) is r["f0"]] == ["f1", "f2", "h6"]
+    for _ in range(3):  # version 1 in flight: each reports on the parent it was given
+        for name, rec in r.items():
+            up = parent_of(tr, rec)
+            if up is None:
+                continue
+            if name.startswith("f") and up.name.startswith("f"):
+                said = Received(25_000 * MB, 2.0)  # a friend's claim
+            elif up.name.startswith("f"):
+                said = Received(0, 5.0)  # it answered, then sent nothing
+            else:
+                said = Received(MB, 2.0)
+            beat(tr, rec, 1, recent={up.url: said})
+    for rec in r.values():
+        rec.complete = [1]
+    beat(tr, r["h0"], 2)
+    assert tr.uploads.placed[r["f0"].url] > 1e9  # lifted: what most of its children said
+    assert parent_of(tr, r["h0"]) is None, "a key lifted by its friends heads the tree"
+    assert parent_of(tr, r["f0"]) is not None

@@ -205,3 +205,24 @@ def test_uplink_figures_survive_a_restart_and_a_bad_file_is_ignored(tmp_path):
         m = UploadMeter()
         assert m.restore(path) == 0 and not m.probed, what
     assert UploadMeter().restore(tmp_path / "missing.json") == 0
+
+
+def test_among_strangers_a_figure_above_the_median_buys_no_place_nearer_the_origin():
+    """Where nobody vouches a figure is what most of a relay's few children saw, and by chance most of them
+    can be its friends: a key lifted to 12.5 GB/s headed every tree, and the second version of N = 300
+    strangers waited 264 s (26x) on those silent roots (bench/tree_attacks_sim.py --n 300 --strangers
+    --attack friends). Above the median figure relays are equals, in the members' keyed order; below it the
+    slower still sit lower."""
+    ups = [20, 20, 20, 20, 10, 10, 5, 5] * 4  # Mbit/s, 32 strangers, each measured by 2 children (limit 4)
+    cands = [Candidate(f"p{i}", f"http://h{i}:1", True, i % 4, u * Mbit, limit=4) for i, u in enumerate(ups)]
+    cands[31].uplink = 100e9  # lifted by its friends (in the keyed order, it comes last)
+    group, parents, children, caps = measured_layout(cands, 4, 4, None)
+    t = group["p31"]
+    assert t is not None and parents[t]["p31"] is not None  # not the origin's child in its tree, as it was
+    for t in range(4):
+        (root,) = children[t][None]
+        assert ups[int(root[1:])] == 20  # a relay at or above the median heads each tree, in the keyed order
+
+    cands = [Candidate(c.peer_id, c.url, True, c.group, c.uplink) for c in cands]  # nobody vouches no more
+    group, parents, _, _ = measured_layout(cands, 4, 4, None)
+    assert parents[group["p31"]]["p31"] is None  # with limits (trusted reporters): the fastest first, as ever
