@@ -24,7 +24,7 @@ from .messages import ORIGIN
 from .piece_pass import headers, piece_name
 from .piece_race import PieceRace, retry_plan
 from .receive_meter import sending_started
-from .sourcing import SourceBook, Try
+from .sourcing import SourceBook, Try, other_parents
 from .store import VersionState
 from .tracker_client import TrackerClient
 
@@ -84,7 +84,7 @@ class PieceFetcher:
             self.book.on_trial = self.tracker.on_trial
             relays, now = self.tracker.relays(tree), time.monotonic()
             chain = self.book.chain(relays, now)
-            others = [r[0] for t, r in enumerate(self.tracker.sources) if t != tree % len(self.tracker.sources) and r]
+            others = other_parents(self.tracker.sources, tree)
             outcome = await self.race(st, index, chain, self.book.helpers(relays, chain, now, others), relays)
             if outcome == "ok":
                 return

@@ -6,7 +6,8 @@ in flight.
 
 With estimates, every measured relay gets children in proportion to its uplink: c_v = min(u_v // r, cap)
 children, where r, the rate each child should get, is the largest one for which every tree has a place for
-every peer. Fast relays sit highest (fewest hops), relays too slow for one child at r are leaves everywhere,
+every peer. Fast relays sit highest (fewest hops; where nobody vouches, those at or above the median figure
+are equals), relays too slow for one child at r are leaves everywhere,
 and relays not yet measured (newcomers) sit below the measured ones, used only where places run short.
 Without any estimate the tracker keeps its join-order SplitStream layout.
 """

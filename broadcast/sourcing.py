@@ -39,6 +39,11 @@ HELPERS = 3  # the most recent such sources a race draws its helpers from, in tu
 MAX_HELPERS = 3  # helpers a race asks at most, one after another
 
 
+def other_parents(sources: list[list[str]], tree: int) -> list[str]:
+    """Our parents in the trees other than `tree` (`sources`: per tree, the relays above us, parent first)."""
+    return [chain[0] for t, chain in enumerate(sources) if t != tree % len(sources) and chain]
+
+
 def backoff_s(failures: int) -> float:
     """The wait before asking again for a piece after `failures` failed races."""
     return min(0.1 * failures, 2.0)

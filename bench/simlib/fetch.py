@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from broadcast.messages import ORIGIN
 from broadcast.piece_race import PieceRace, retry_plan
-from broadcast.sourcing import Try
+from broadcast.sourcing import Try, other_parents
 
 from .peers import RaceState, Req, SimPeer
 
@@ -42,7 +42,7 @@ class Fetching:
         now = self.sw.sim.now
         relays = p.relays(tree)
         chain = p.book.chain(relays, now)
-        others = [r[0] for t, r in enumerate(p.sources) if t != tree % len(p.sources) and r]
+        others = other_parents(p.sources, tree)
         race = PieceRace(p.book, chain, now, self.sw.piece_size(p.version, index),
                          p.book.helpers(relays, chain, now, others), relays)
         rs = RaceState(race, tree, index, failures, p.version)

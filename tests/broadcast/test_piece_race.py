@@ -9,7 +9,7 @@ import math
 from broadcast.config import PeerConfig
 from broadcast.messages import ORIGIN
 from broadcast.piece_race import PieceRace, retry_plan
-from broadcast.sourcing import AVOID_S, IDLE_ROUNDS, PACE_AFTER, SILENT_AVOID_S, SourceBook
+from broadcast.sourcing import AVOID_S, IDLE_ROUNDS, PACE_AFTER, SILENT_AVOID_S, SourceBook, other_parents
 
 P, G = "http://parent:1", "http://grandparent:1"
 
@@ -263,7 +263,8 @@ def test_before_anything_came_our_parents_in_the_other_trees_help_in_turn_before
     origin, in turn, each for the piece only if it has it now; not having it is no fault."""
     A, B, C, size = "http://a:1", "http://b:1", "http://c:1", 1000
     b = book()
-    others = [A, B, P, C]  # (P is in this chain: never its own helper)
+    others = other_parents([[P, G], [A], [B, G], [], [P], [C, G]], 0)  # per tree, the relays above us
+    assert others == [A, B, P, C]  # (P is in this chain: never its own helper)
     helpers = b.helpers([P], [P, ORIGIN], 0.0, others)
     assert helpers == [A, B, C]
     race = PieceRace(b, [P, ORIGIN], 0.0, size, helpers)
