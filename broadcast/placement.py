@@ -95,7 +95,8 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     cap = max_children(fanout)
     measured = sorted((c for c in cands if c.capable and c.uplink), key=lambda c: -c.uplink)
     median = measured[len(measured) // 2].uplink if measured else 0.0
-    if any(c.limit for c in measured):
+    limited = any(c.limit for c in measured)  # nobody vouches (UploadMeter.limit)
+    if limited:
         # Nobody vouches: a figure is what most of a relay's few children saw, and by chance most of them
         # can be friends of its own. Above the median figure, relays are equals, in the members' keyed order:
         # the fastest first put a key its friends had lifted to 12.5 GB/s at the top of every tree, and the
@@ -116,7 +117,7 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     for scale in (1, 2, 4, 8, 16, cap):
         most = {c.peer_id: min(cap, c.limit * scale) if c.limit else cap for c in measured}
         tree_of, per_tree = _balance(measured, most, trees, fanout, median)
-        if not any(c.limit for c in measured) or _fits(per_tree, n_room, origin_per_tree, fixed, FLOOR_RATE):
+        if not limited or _fits(per_tree, n_room, origin_per_tree, fixed, FLOOR_RATE):
             break
     group: dict[str, int | None] = {c.peer_id: tree_of.get(c.peer_id) for c in cands}
     # The layout fills places at the rate r that fits everyone; repairs may fill up to the places at the

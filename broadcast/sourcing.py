@@ -94,7 +94,7 @@ class SourceBook:
         self.on_trial: frozenset[str] = frozenset()  # our sources on trial (broadcast/trials.py), as the tracker says
         self.delivered_at: dict[str, float] = {}  # per source: when it last delivered us a verified piece
         self.unhelpful: dict[str, float] = {}  # per helper: until when it is not asked to help again
-        self.helped = 0  # races given a helper
+        self.helped = 0  # races given a recent deliverer as a helper (turns the first of them round)
         self.stream_rate: dict[str, float] = {}  # per source: the smoothed rate its pieces streamed at
 
     # -- which source ----------------------------------------------------------------------------------
