@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from .forest import Forest
 from .peer_rec import PeerRec
+from .upload_meter import IDLE_RATE
 
 MAX_LOW = 256  # addresses in TreeSources.low
 
@@ -38,7 +39,8 @@ class UplinkLine:
             return False
         if self.any_vouching():
             return self.vouches(rec)
-        if self.forest.uploads.idle(rec.url or ""):
+        figure = self.forest.uploads.placed.get(rec.url or "")
+        if figure is not None and figure < IDLE_RATE:
             return False
         if tree is None:
             return True
