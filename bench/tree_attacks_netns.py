@@ -63,6 +63,19 @@ def origin_role(args: argparse.Namespace) -> None:
                         o.set_standing(p.key)
                 print("OK", flush=True)
             elif line[0] == "publish":
+                # The layout the last version flew in, to the origin's log (read from a kept lab): per member,
+                # its figure, whether measured idle, its group, children and parents per tree.
+                f = tr.forest
+                parents, children = f.topology()
+                dump = {}
+                for p in tr.peers.values():
+                    fig = f.uploads.placed.get(p.url or "")
+                    dump[(p.name or "?") + "@" + (p.url or "").split("//")[-1]] = [
+                        None if fig is None else round(fig), f.uploads.idle(p.url or ""), p.group,
+                        [len(children[t].get(p.peer_id, ())) for t in range(f.k)],
+                        [(tr.peers[q].url or "").split("//")[-1] if (q := parents[t].get(p.peer_id)) in tr.peers else q
+                         for t in range(f.k)]]
+                logging.getLogger("DBG").info("LAYOUT v%d origin=%s %s", v, f.uploads.placed.get("origin"), json.dumps(dump))
                 v += 1
                 vdir = d / f"v{v}"
                 vdir.mkdir(parents=True)

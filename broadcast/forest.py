@@ -146,7 +146,7 @@ class Forest:
         # times filler, which a key can serve fast and its children slowly: the attack lab's did, 300 MB/s).
         cands = [Candidate(p.peer_id, p.url, p.interior_capable, p.group,
                            None if p.peer_id in trial or not p.url else up.uplink(p.url), trial=p.peer_id in trial,
-                           limit=up.limit(p.url or ""))
+                           limit=up.limit(p.url or ""), low=up.majority and up.idle(p.url or ""))
                  for p in keep]
         group, parents, children, caps = measured_layout(cands, self.k, self.fanout,
                                                          up.placed.get(ORIGIN), len(fresh))

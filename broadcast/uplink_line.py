@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 from .forest import Forest
 from .peer_rec import PeerRec
-from .upload_meter import IDLE_RATE
 
 MAX_LOW = 256  # addresses in TreeSources.low
 
@@ -39,8 +38,7 @@ class UplinkLine:
             return False
         if self.any_vouching():
             return self.vouches(rec)
-        figure = self.forest.uploads.placed.get(rec.url or "")
-        if figure is not None and figure < IDLE_RATE:
+        if self.forest.uploads.idle(rec.url or ""):
             return False
         if tree is None:
             return True

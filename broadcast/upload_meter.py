@@ -131,6 +131,11 @@ class UploadMeter:
         if len(self.probed) < MAX_SOURCES or url in self.probed:
             self.probed[url] = min(max(rate, 0.0), MAX_RATE)
 
+    def idle(self, url: str) -> bool:
+        """Measured by its children as sending next to nothing (a leaf to all, or a key that gives none)."""
+        figure = self.placed.get(url)
+        return figure is not None and figure < IDLE_RATE
+
     def uplink(self, url: str) -> float | None:
         return self.placed.get(url) or self.probed.get(url)
 

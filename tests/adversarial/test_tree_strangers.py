@@ -204,3 +204,68 @@ def test_a_key_its_friends_lifted_by_chance_does_not_head_the_tree():
     assert tr.uploads.placed[r["f0"].url] > 1e9  # lifted: what most of its children said
     assert parent_of(tr, r["h0"]) is None, "a key lifted by its friends heads the tree"
     assert parent_of(tr, r["f0"]) is not None
+
+
+def test_keys_that_give_nothing_take_places_not_a_share_of_the_rate():
+    """A third of N = 100 strangers measured as sending nothing (keys that take every version and give none)
+    were counted alike in the rate each child should get: 12-13 children under each honest relay, 16 honest
+    relays with none, uplinks 41% used, every later version 2.3-2.8x (bench/tree_attacks_sim.py --strangers).
+    They are sent to from what the others leave (uplink_line.py), so they need places, not a share: the rate
+    is set by those first in line, and the rest hang below them in the places left."""
+    from broadcast.placement import Candidate, measured_layout
+
+    idle = [Candidate(f"x{i}", f"http://x{i}:1", True, i % 4, 1.0, limit=4, low=True) for i in range(34)]
+    honest = [Candidate(f"h{i}", f"http://h{i}:1", True, i % 4, 2.5 * MB, limit=(4, 6, 8)[i % 3]) for i in range(66)]
+    _, _, alone, _ = measured_layout(honest, 4, 4, None)
+    group, parents, children, _ = measured_layout(idle + honest, 4, 4, None)  # the idle joined first
+    assert all(group[c.peer_id] is None for c in idle)
+    for t in range(4):
+        assert len(parents[t]) == 100 and len(children[t][None]) == 1  # a place for everyone, under relays
+        for c in honest:  # the rate each is given children for: as if the idle were not there
+            kids = [k for k in children[t].get(c.peer_id, ()) if k.startswith("h")]
+            assert len(kids) <= len(alone[t].get(c.peer_id, ())) + 1
+
+
+def test_the_word_of_a_key_its_children_saw_give_nothing_places_no_one():
+    """Sinkers: keys that send their children nothing and say each parent they are given sent them nothing.
+    Measured idle after one version, they were still believed in the next: two of them among an honest
+    relay's three children made it a leaf for good, a few more honest relays each version (N = 100 strangers,
+    six versions: 2.3x, 3.0x, 3.4x, 3.7x, 4.3x; bench/tree_attacks_sim.py --strangers --attack sinkers). A
+    key its own children measured as giving next to nothing now has no say in anyone's figure."""
+    names = ["h0", "s0", "s1", "s2", "h1", "s3", "s4", "s5", *[f"h{i}" for i in range(2, 30)]]
+    tr, r = strangers(names)  # the first 13 relay version 1 (one tree, fanout 3): s0-s5 among them
+
+    def version(v: int) -> None:
+        for _ in range(3):
+            for name, rec in r.items():
+                if (up := parent_of(tr, rec)) is not None:
+                    said = Received(0, 5.0) if name.startswith("s") or up.name.startswith("s") else Received(MB, 2.0)
+                    beat(tr, rec, v, recent={up.url: said})
+        for rec in r.values():
+            rec.complete = list(range(1, v + 1))
+
+    version(1)
+    beat(tr, r["h1"], 2)
+    assert all(tr.uploads.idle(r[f"s{i}"].url) for i in range(6))
+    given = {parent_of(tr, rec).name for name, rec in r.items() if name.startswith("s")}
+    assert any(n.startswith("h") for n in given)  # sinkers are honest relays' children in version 2
+    version(2)
+    beat(tr, r["h1"], 3)
+    # (h0 headed version 1 with s0 and s1 among its three children: before anyone is measured, all count.)
+    sunk = [n for n, rec in r.items() if n.startswith("h") and n != "h0" and tr.uploads.idle(rec.url)]
+    assert not sunk, f"honest relays measured idle on the word of keys that give nothing: {sunk}"
+
+
+def test_keys_measured_idle_do_not_hang_under_relays_nobody_has_measured():
+    """Placed last, the members measured idle took the places left at the target rate: those of the relays
+    not measured yet. Across namespaces those were the two-faced keys that kept themselves unmeasured, and
+    the honest relays measured idle (starved by a slow-loris parent) all hung under them
+    (bench/tree_attacks_netns.py --attacks loris). They take the spare places of measured relays first."""
+    from broadcast.placement import Candidate, measured_layout
+
+    honest = [Candidate(f"h{i}", f"http://h{i}:1", True, i % 4, 2.5 * MB, limit=8) for i in range(40)]
+    unmeasured = [Candidate(f"u{i}", f"http://u{i}:1", True, i % 4, None) for i in range(10)]
+    idle = [Candidate(f"x{i}", f"http://x{i}:1", True, i % 4, 1.0, limit=4, low=True) for i in range(10)]
+    _, parents, _, _ = measured_layout(honest + unmeasured + idle, 4, 4, None)
+    for t in range(4):  # (34 of their 40 places were under the unmeasured before)
+        assert not [x.peer_id for x in idle if (parents[t][x.peer_id] or "").startswith("u")]
