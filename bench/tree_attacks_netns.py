@@ -75,7 +75,7 @@ def origin_role(args: argparse.Namespace) -> None:
                         [len(children[t].get(p.peer_id, ())) for t in range(f.k)],
                         [(tr.peers[q].url or "").split("//")[-1] if (q := parents[t].get(p.peer_id)) in tr.peers else q
                          for t in range(f.k)]]
-                logging.getLogger("DBG").info("LAYOUT v%d origin=%s %s", v, f.uploads.placed.get("origin"), json.dumps(dump))
+                logging.getLogger("bench.layout").info("LAYOUT v%d origin=%s %s", v, f.uploads.placed.get("origin"), json.dumps(dump))
                 v += 1
                 vdir = d / f"v{v}"
                 vdir.mkdir(parents=True)

@@ -112,7 +112,7 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     # and give none, where nobody vouches) are sent to from what those leave, so they need places, not a
     # share. Counted alike, a third of the swarm that sent nothing put 12-13 children under each honest relay
     # and every version of N = 100 strangers at 2.3-2.8x, uplinks 41% used (bench/tree_attacks_sim.py).
-    n_first = sum(1 for c in cands if not c.low)  # (fresh keys, `others`, hang in the room left, as before)
+    n_in_line = sum(1 for c in cands if not c.low)  # (fresh keys, `others`, hang in the room left, as before)
     origin_per_tree = origin_uplink / trees if origin_uplink else None
     # Relays not measured yet take `fanout` children, whatever r is: their places count (without them,
     # r fell until the origin alone had room for everyone, a star in which they could never be measured).
@@ -129,7 +129,7 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     group: dict[str, int | None] = {c.peer_id: tree_of.get(c.peer_id) for c in cands}
     # The layout fills places at the rate r that fits everyone; repairs may fill up to the places at the
     # lower rate that fits 10% more (a relay with spare places gives its children more than r meanwhile).
-    r = _rate_target(per_tree, n_first, origin_per_tree, fixed)
+    r = _rate_target(per_tree, n_in_line, origin_per_tree, fixed)
     r_room = _rate_target(per_tree, n_room, origin_per_tree, fixed)
     slots = {c.peer_id: min(int(c.uplink // r), most[c.peer_id]) for c in measured}
     room = {c.peer_id: min(int(c.uplink // r_room), most[c.peer_id]) for c in measured}
