@@ -67,14 +67,17 @@ def origin_role(args: argparse.Namespace) -> None:
                 # its figure, whether measured idle, its group, children and parents per tree.
                 f = tr.forest
                 parents, children = f.topology()
+
+                def where(pid: str | None) -> str | None:  # a member's host:port (None: the origin)
+                    return (tr.peers[pid].url or "").split("//")[-1] if pid in tr.peers else pid
+
                 dump = {}
                 for p in tr.peers.values():
                     fig = f.uploads.placed.get(p.url or "")
-                    dump[(p.name or "?") + "@" + (p.url or "").split("//")[-1]] = [
+                    dump[f"{p.name or '?'}@{where(p.peer_id)}"] = [
                         None if fig is None else round(fig), f.uploads.idle(p.url or ""), p.group,
                         [len(children[t].get(p.peer_id, ())) for t in range(f.k)],
-                        [(tr.peers[q].url or "").split("//")[-1] if (q := parents[t].get(p.peer_id)) in tr.peers else q
-                         for t in range(f.k)]]
+                        [where(parents[t].get(p.peer_id)) for t in range(f.k)]]
                 logging.getLogger("bench.layout").info("LAYOUT v%d origin=%s %s", v, f.uploads.placed.get("origin"), json.dumps(dump))
                 v += 1
                 vdir = d / f"v{v}"

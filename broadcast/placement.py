@@ -140,6 +140,8 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
         group[c.peer_id] = c.group
         slots[c.peer_id] = room[c.peer_id] = TRIAL_CHILDREN if c.trial else fanout
     uplink = {c.peer_id: c.uplink for c in measured}
+    low = [c.peer_id for c in cands if c.low]
+    everyone = [c.peer_id for c in cands if not c.low] + low  # those first in line take places first
     origin_slots = max(1, int(origin_per_tree // r)) if origin_per_tree else 1
     origin_room = max(1, int(origin_per_tree // r_room)) if origin_per_tree else 1
     parents: list[dict[str, str | None]] = []
@@ -154,8 +156,6 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
                        key=lambda s: -(uplink.get(s[0], 0.0) - slots[s[0]] * r))
         if origin_room > origin_slots:
             spare.append([None, origin_room - origin_slots])
-        low = [c.peer_id for c in cands if c.low]
-        everyone = [c.peer_id for c in cands if not c.low] + low
         par, kids = _one_tree(inner, everyone, slots, origin_slots, len(first), spare, len(low))
         parents.append(par)
         children.append(kids)
