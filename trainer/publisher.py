@@ -18,10 +18,29 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from swarm_common.atomic import building_dir
+from swarm_common.atomic import building_dir, write_atomic
 from trainer.policy import tensor_identity
 
 log = logging.getLogger(__name__)
+
+# The highest version ever signed with RUN/trainer.key, kept beside it: a run whose versions/ was emptied
+# (a demo starts afresh each time, keeping its key) must not number from 0 again, or a node that still
+# holds the earlier v398, signed by the same key, would load it as this run's v398 (seen: both demo nodes
+# then failed their audits and were banned).
+LAST_SIGNED = "trainer.last_version"
+
+
+def last_signed(run_dir: Path) -> int:
+    """The highest version signed with this run dir's key, -1 if none is on record."""
+    try:
+        return int((Path(run_dir) / LAST_SIGNED).read_text())
+    except (OSError, ValueError):
+        return -1
+
+
+def record_signed(run_dir: Path, version: int) -> None:
+    if version > last_signed(run_dir):
+        write_atomic(Path(run_dir) / LAST_SIGNED, f"{version}\n")
 
 # Tokenizer and config files copied from the base model into every version, so a node needs nothing else.
 _SIDE_FILES = (

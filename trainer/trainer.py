@@ -8,8 +8,9 @@ keep generating while the learner works; the step runs on a worker thread so the
 and a version is written, signed and announced while the next step runs (only a copy of the weights is
 on the step's path).
 
-Versions only ever go up: a resumed run publishes its first version above every version already
-published, so a node never sees one number name two different sets of weights.
+Versions only ever go up: a run publishes its first version above every version its key has signed (a
+resumed run's, and a run whose versions/ was emptied), so a node never sees one number name two different
+sets of weights.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from trainer.newcomers import warn_about_strangers
 from trainer.node_registry import NodeRegistry
 from trainer.node_service import NodeService
 from trainer.policy import load_model, load_tokenizer
-from trainer.publisher import Publisher
+from trainer.publisher import Publisher, last_signed, record_signed
 from trainer.stats import EvalRow, RunStats, SnapshotRow, StepRow
 from trainer.web.view import WebView
 
@@ -92,8 +93,9 @@ class Trainer:
         self.stats = RunStats(str(self.run_dir), t.max_steps, self.registry)
         self.ledger = Ledger(self.run_dir)
         self.resume(resume)
-        # A version number is never reused, even for a run resumed from an older checkpoint.
-        self.version = max([*self.publisher.versions(), self.state.version if self.state else -1]) + 1
+        # A version number is never reused under this key, even by a run resumed from an older checkpoint.
+        self.version = max([*self.publisher.versions(), self.state.version if self.state else -1,
+                            last_signed(self.run_dir)]) + 1
 
         # Weights leave the trainer only through the relay tree, signed with the trainer's key.
         key = KeyPair.load_or_create(self.run_dir / "trainer.key")
@@ -111,6 +113,7 @@ class Trainer:
         if self.auditor is not None:
             self.auditor.remember(self.version, weights, keep_from=self.version - t.max_lag)
         path = await asyncio.to_thread(self.publisher.publish, self.model, self.version, weights)
+        record_signed(self.run_dir, self.version)
         await self.origin.publish(path, self.version, None)
         self.stats.version = self.version
 
@@ -221,6 +224,7 @@ class Trainer:
     async def publish(self, version: int, weights: dict, step: int, step_time: float) -> None:
         t0 = time.perf_counter()
         path = await asyncio.to_thread(self.publisher.publish, self.model, version, weights)
+        record_signed(self.run_dir, version)  # before it is signed
         t1 = time.perf_counter()
         await self.origin.publish(path, version, version - 1)
         await self.service.announce(version)
