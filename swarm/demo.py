@@ -125,6 +125,8 @@ def run_demo(args) -> int:
         shutil.rmtree(run_dir / old, ignore_errors=True)
     for old in ("summary.json", "accepted.jsonl", "batches.jsonl", "dropped.jsonl", "bans.json"):
         (run_dir / old).unlink(missing_ok=True)
+    for d in node_dirs:  # the nodes' versions of an earlier demo (its numbers are below this one's: trainer.py)
+        shutil.rmtree(d / "tree", ignore_errors=True)
     cfg_path = run_dir / "demo.toml"
     cfg_path.write_text(dump_config(cfg))
 
