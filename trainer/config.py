@@ -28,10 +28,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Supervised warm-up steps on the task's format before RL (trainer/sft.py). -1: 150 for the embedded
     # default, none for a model of your own (`path`); 0: none.
     sft_steps: int = -1
-    # 3e-3 made the warm-up chaotic: held-out accuracy after it ranged 0.07-0.52 over model seeds 0-7, and
-    # seed 0 gave 0.46 here but 0.13 on CI's machine (float paths differ), a start RL did not leave in 64
-    # steps. At 1e-3: 0.45-0.81 (docs/benchmarks.md). The environments' configs keep 3e-3, their steps tuned to it.
-    sft_lr: float = 1e-3
+    sft_lr: float = 3e-3
     sft_batch: int = 64
     seed: int = 0
     max_shard_bytes: int = 2 * 2**20  # shard size of published versions (HF layout with an index)
@@ -70,10 +67,7 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_minutes: float = 0.0  # stop after this many minutes of RL (0 = no limit)
     group_size: int = 8  # G completions per prompt
     prompts_per_step: int = 16  # groups per optimizer step
-    # From the warm-up's start (0.58 held-out), 2e-4 peaked at 0.975-1.000 and then swung between 0.80 and
-    # 0.97 (the demo's final 0.80, 0.84, 0.93 in three runs); 1e-4 rose as fast and stayed at 0.96-1.00 (final
-    # 0.983 and 1.000 in two).
-    lr: float = 1e-4
+    lr: float = 2e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     scale_adv_by_std: bool = False

@@ -25,7 +25,7 @@ from tests.conftest import Procs, free_port, wait_json
 EPISODE_LAG = 16
 EPISODE_RUN = ["--set", 'task.name="calculator"', "--set", "task.params={digits=3, terms=2}",
                "--set", "task.max_episode_tokens=96", "--set", "train.max_tokens=24", "--set", "model.sft_steps=100",
-               "--set", "model.sft_lr=3e-3", "--set", f"train.max_lag={EPISODE_LAG}"]
+               "--set", f"train.max_lag={EPISODE_LAG}"]
 EXPECTED = {
     "forged_observation": {"observation_mismatch"},
     "edited_tool_result": {"observation_mismatch"},

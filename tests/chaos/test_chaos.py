@@ -3,7 +3,7 @@ freeze (SIGSTOP, then SIGCONT), and survives a SIGKILL of the trainer itself.
 
 Asserted: steps keep completing after each fault; the accounting balances (every accepted group is in
 exactly one trained batch or dropped with a reason); replaying the recorded batches from the starting
-policy gives exactly the final model; held-out accuracy rises.
+policy gives exactly the final model; held-out accuracy rises (two-term sums).
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from trainer.ledger import Ledger, accounting
 from trainer.replay import max_param_diff, replay
 
 N_NODES, STEPS = 6, 64
+# Two-term sums, as the other tests that learn: the three-term sums' warm-up lands anywhere from 0.07 to 0.52
+# held out (model seeds 0-7; docs/benchmarks.md), and CI's machine, another float path, started this run at
+# 0.134, from where three-term sums first lose accuracy under RL (0.126 at step 64).
+TASK = 'task.params={digits=1, terms=2, ops="+", eval_share=0.15}'
 
 
 def _step(url: str) -> int:
@@ -57,7 +61,7 @@ def test_churn_crash_and_resume(tmp_path, procs):
         "--max-steps", str(STEPS), "--set", f"server.tracker_port={tport}",
         "--set", "train.prompts_per_step=8", "--set", "train.inflight_groups=16",
         "--set", "train.eval_every=12", "--set", "train.checkpoint_every=4",
-        "--set", "server.heartbeat_s=0.5", "--set", "server.assignment_timeout_s=15",
+        "--set", "server.heartbeat_s=0.5", "--set", "server.assignment_timeout_s=15", "--set", TASK,
         *(a for key in trusted for a in ("--trust", key)),
     ]
     url = f"http://127.0.0.1:{hport}/api/summary"
