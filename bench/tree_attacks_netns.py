@@ -37,6 +37,26 @@ MiB = 1 << 20
 
 
 # -- the origin, on its own host: commands on stdin, answers on stdout --------------------------------------
+def log_layout(tr, v: int) -> None:
+    """The layout version `v` flew in, to the origin's log (read from a kept lab): per member, its figure,
+    whether measured idle, its group, children and parents per tree."""
+    f = tr.forest
+    parents, children = f.topology()
+
+    def where(pid: str | None) -> str | None:  # a member's host:port (None: the origin)
+        return (tr.peers[pid].url or "").split("//")[-1] if pid in tr.peers else pid
+
+    dump = {}
+    for p in tr.peers.values():
+        fig = f.uploads.placed.get(p.url or "")
+        dump[f"{p.name or '?'}@{where(p.peer_id)}"] = [
+            None if fig is None else round(fig), f.uploads.idle(p.url or ""), p.group,
+            [len(children[t].get(p.peer_id, ())) for t in range(f.k)],
+            [where(parents[t].get(p.peer_id)) for t in range(f.k)]]
+    logging.getLogger("bench.layout").info("LAYOUT v%d origin=%s %s", v, f.uploads.placed.get("origin"),
+                                           json.dumps(dump))
+
+
 def origin_role(args: argparse.Namespace) -> None:
     """`trust NAME...` (the trainer calls these members established), `publish` (the next version; prints
     `PUB v t0`), `state` (prints `STATE {json}`: what the tracker did to the honest relays and the attackers),
@@ -63,22 +83,7 @@ def origin_role(args: argparse.Namespace) -> None:
                         o.set_standing(p.key)
                 print("OK", flush=True)
             elif line[0] == "publish":
-                # The layout the last version flew in, to the origin's log (read from a kept lab): per member,
-                # its figure, whether measured idle, its group, children and parents per tree.
-                f = tr.forest
-                parents, children = f.topology()
-
-                def where(pid: str | None) -> str | None:  # a member's host:port (None: the origin)
-                    return (tr.peers[pid].url or "").split("//")[-1] if pid in tr.peers else pid
-
-                dump = {}
-                for p in tr.peers.values():
-                    fig = f.uploads.placed.get(p.url or "")
-                    dump[f"{p.name or '?'}@{where(p.peer_id)}"] = [
-                        None if fig is None else round(fig), f.uploads.idle(p.url or ""), p.group,
-                        [len(children[t].get(p.peer_id, ())) for t in range(f.k)],
-                        [where(parents[t].get(p.peer_id)) for t in range(f.k)]]
-                logging.getLogger("bench.layout").info("LAYOUT v%d origin=%s %s", v, f.uploads.placed.get("origin"), json.dumps(dump))
+                log_layout(tr, v)
                 v += 1
                 vdir = d / f"v{v}"
                 vdir.mkdir(parents=True)
