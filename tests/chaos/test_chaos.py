@@ -15,17 +15,15 @@ import time
 import torch
 
 from swarm_common.keys import KeyPair
-from tests.conftest import free_port, get_json, wait_json
+from tests.conftest import TWO_TERM_SUMS, free_port, get_json, wait_json
 from trainer.checkpoint import latest_checkpoint
 from trainer.config import load_config
 from trainer.ledger import Ledger, accounting
 from trainer.replay import max_param_diff, replay
 
 N_NODES, STEPS = 6, 64
-# Two-term sums, as the other tests that learn: the three-term sums' warm-up lands anywhere from 0.07 to 0.52
-# held out (model seeds 0-7; docs/benchmarks.md), and CI's machine, another float path, started this run at
-# 0.134, from where three-term sums first lose accuracy under RL (0.126 at step 64).
-TASK = 'task.params={digits=1, terms=2, ops="+", eval_share=0.15}'
+# Two-term sums (tests/conftest.py): on three-term sums CI started this run at 0.134 and ended at 0.126.
+TASK = TWO_TERM_SUMS
 
 
 def _step(url: str) -> int:

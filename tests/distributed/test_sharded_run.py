@@ -11,16 +11,12 @@ import time
 import pytest
 
 from swarm_common.keys import KeyPair
-from tests.conftest import free_port, wait_json
+from tests.conftest import TWO_TERM_SUMS, free_port, wait_json
 from trainer.ledger import accounting
 
 pytestmark = pytest.mark.timeout(600)
 STEPS = 16
-# Sums of two one-digit numbers: the warmed-up tiny model starts at 0.77 held-out and RL lifts it within 8
-# steps (0.88 at step 8, measured). The demo's three-term sums first collapse to the commonest answer
-# ("15": 0.134 -> 0.06-0.09 over the first 10-30 steps, any lr from 5e-5 to 5e-4, with or without lag) and
-# rise only later, too late for a short run to show learning.
-TASK = 'task.params={digits=1, terms=2, ops="+", eval_share=0.15}'
+TASK = TWO_TERM_SUMS  # RL lifts them within a few steps (tests/conftest.py)
 
 
 def _rank_env(rank: int, port: int) -> dict[str, str]:

@@ -17,15 +17,14 @@ from pathlib import Path
 import pytest
 
 from swarm_common.keys import KeyPair
-from tests.conftest import wait_json
+from tests.conftest import TWO_TERM_SUMS, wait_json
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 50
-# Sums of two one-digit numbers: RL lifts the warmed-up model within a few steps (0.77 -> 0.88), where the
-# demo's three-term sums first fall for 10-30 steps (tests/distributed/test_sharded_run.py). Many of its
-# groups are all right, so their shared prompts carry no evidence: probation must not wait on them for ever.
-TASK = 'task.params={digits=1, terms=2, ops="+", eval_share=0.15}'
+# Two-term sums: RL lifts them within a few steps (tests/conftest.py). Many of its groups are all right, so
+# their shared prompts carry no evidence: probation must not wait on them for ever.
+TASK = TWO_TERM_SUMS
 
 
 def test_two_strangers_behind_nat_and_firewall_are_released_by_the_trainers_reference(netlab, tmp_path):

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from swarm_common.keys import KeyPair
-from tests.conftest import get_json, wait_json
+from tests.conftest import TWO_TERM_SUMS, get_json, wait_json
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 60
-# Two-term sums: RL lifts them within a few steps; the demo's three-term sums first fall for 10-30 steps
-# (here 0.134 -> 0.084 at step 20, back to 0.134 at 40, 0.21 only at 60: one slow recovery from failing).
-TASK = 'task.params={digits=1, terms=2, ops="+", eval_share=0.15}'
+# Two-term sums (tests/conftest.py): the demo's three-term sums first fall for 10-30 steps (here 0.134 ->
+# 0.084 at step 20, back to 0.134 at 40, 0.21 only at 60: one slow recovery from failing).
+TASK = TWO_TERM_SUMS
 
 
 def test_trainer_nodes_and_relay_on_separate_hosts(netlab, tmp_path):
