@@ -101,6 +101,13 @@ def honest_rollouts(ctx: Ctx, work: P.WorkAssignment, version: int, n: int | Non
             for a in work.assignments]
 
 
+def _work(ctx: Ctx, ev: EvilNode, prompts: int) -> P.WorkAssignment:
+    """Work, with the newest published version's model loaded first: a load on a busy machine can outlast
+    the lag window (steps come several a second here), and an attempt refused as stale tests nothing."""
+    ctx.sampler.model(ctx.sampler.versions()[-1])
+    return ev.work(prompts)
+
+
 def _fresh(ctx: Ctx, name: str, out: Outcome) -> EvilNode:
     ev = EvilNode(ctx.port, name)
     ev.register()
@@ -118,7 +125,7 @@ def _repeat_fraud(ctx: Ctx, name: str, expected: set[str], tamper: Callable[[Evi
     work = None
     try:
         for _ in range(ctx.strikes_to_ban):
-            work = ev.work(prompts) if work is None or answers_work else work
+            work = _work(ctx, ev, prompts) if work is None or answers_work else work
             version, rollouts = tamper(ev, work)
             out.saw(_code(ev.submit(version, rollouts)), expected)
         ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=1))
@@ -135,7 +142,7 @@ def forged_rewards(ctx: Ctx) -> Outcome:
     try:
         # A malformed submission answers nothing: the same assignments stay held, and a fresh key holds
         # only guard.new_key_held of them: all three forgeries are for the same assignments.
-        work = ev.work(2)
+        work = _work(ctx, ev, 2)
         for _ in range(3):
             rollouts = honest_rollouts(ctx, work, work.weights.version)
             sub = msgspec.to_builtins(P.RolloutSubmission(node_id=ev.node_id, version=work.weights.version,
@@ -207,7 +214,7 @@ def stale_version(ctx: Ctx) -> Outcome:
     ev = _fresh(ctx, "stale-version", out)
     try:
         for _ in range(2):  # guard.expiries_to_pause
-            work = ev.work(2)
+            work = _work(ctx, ev, 2)
             old = work.weights.version - ctx.max_lag - 1
             assert old >= 0, "the trainer has not published enough versions yet"
             out.saw(_code(ev.submit(old, honest_rollouts(ctx, work, old))), {"stale"})
@@ -225,7 +232,7 @@ def replay(ctx: Ctx) -> Outcome:
     ev = _fresh(ctx, "replay", out)
     try:
         for _ in range(ctx.strikes_to_ban):
-            work = ev.work(2)
+            work = _work(ctx, ev, 2)
             frames = ev.send(P.RolloutSubmission(node_id=ev.node_id, version=work.weights.version,
                                                  rollouts=honest_rollouts(ctx, work, work.weights.version),
                                                  gen_seconds=0.1))
@@ -302,7 +309,7 @@ def malformed(ctx: Ctx) -> Outcome:
     out = Outcome()
     ev = _fresh(ctx, "malformed", out)
     try:
-        work = ev.work(1)
+        work = _work(ctx, ev, 1)
         good = P.encode(P.RolloutSubmission(node_id=ev.node_id, version=work.weights.version,
                                             rollouts=honest_rollouts(ctx, work, work.weights.version),
                                             gen_seconds=0.1))

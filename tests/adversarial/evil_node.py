@@ -8,6 +8,7 @@ weights, exactly what the trainer's audit recomputes. An attack starts from thos
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from pathlib import Path
@@ -42,19 +43,19 @@ class Sampler:
     def model(self, version: int, noise: float = 0.0):
         """The version's model; with `noise`, a copy whose every weight is perturbed by that relative amount."""
         key = (version, noise)
-        if key not in self._models:
-            path = self.version_dir(version)
+        if key not in self._models and noise:  # a copy of the loaded version: no second load from disk
+            m = copy.deepcopy(self.model(version))
+            g = torch.Generator().manual_seed(1234)
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.add_(torch.randn(p.shape, generator=g) * noise * p.abs().mean())
+            self._models[key] = m
+        elif key not in self._models:
             # from_pretrained patches process-wide state while it builds a model: one load at a time.
             with _LOAD_LOCK:
-                m = load_model(path).eval()
+                self._models[key] = load_model(self.version_dir(version)).eval()
                 if self.tok is None:
-                    self.tok = load_tokenizer(path)
-            if noise:
-                g = torch.Generator().manual_seed(1234)
-                with torch.no_grad():
-                    for p in m.parameters():
-                        p.add_(torch.randn(p.shape, generator=g) * noise * p.abs().mean())
-            self._models[key] = m
+                    self.tok = load_tokenizer(self.version_dir(version))
         return self._models[key]
 
     @torch.no_grad()
