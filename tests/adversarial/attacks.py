@@ -101,10 +101,13 @@ def honest_rollouts(ctx: Ctx, work: P.WorkAssignment, version: int, n: int | Non
             for a in work.assignments]
 
 
-def _work(ctx: Ctx, ev: EvilNode, prompts: int) -> P.WorkAssignment:
-    """Work, with the newest published version's model loaded first: a load on a busy machine can outlast
-    the lag window (steps come several a second here), and an attempt refused as stale tests nothing."""
-    ctx.sampler.model(ctx.sampler.versions()[-1])
+def _work(ctx: Ctx, ev: EvilNode, prompts: int, back: int = 0) -> P.WorkAssignment:
+    """Work, with the newest published version's model loaded first (and the one `back` versions before it,
+    for attacks that sample an older one): a load on a busy machine can outlast the lag window (steps come
+    several a second here), and an attempt refused as stale tests nothing."""
+    newest = ctx.sampler.versions()[-1]
+    for v in {newest, max(0, newest - back)}:
+        ctx.sampler.model(v)
     return ev.work(prompts)
 
 
@@ -116,7 +119,7 @@ def _fresh(ctx: Ctx, name: str, out: Outcome) -> EvilNode:
 
 
 def _repeat_fraud(ctx: Ctx, name: str, expected: set[str], tamper: Callable[[EvilNode, P.WorkAssignment], tuple[int, list[P.Rollout]]],
-                  prompts: int = 2, answers_work: bool = True) -> Outcome:
+                  prompts: int = 2, answers_work: bool = True, back: int = 0) -> Outcome:
     """Cheat until banned: every attempt must be refused with an expected code; the last strike bans.
     `answers_work` False: the fraud answers none of the assignments it was given, so they stay held (a
     fresh key holds only guard.new_key_held) and every attempt uses the same ones."""
@@ -125,7 +128,7 @@ def _repeat_fraud(ctx: Ctx, name: str, expected: set[str], tamper: Callable[[Evi
     work = None
     try:
         for _ in range(ctx.strikes_to_ban):
-            work = _work(ctx, ev, prompts) if work is None or answers_work else work
+            work = _work(ctx, ev, prompts, back) if work is None or answers_work else work
             version, rollouts = tamper(ev, work)
             out.saw(_code(ev.submit(version, rollouts)), expected)
         ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=1))
@@ -204,7 +207,7 @@ def false_version(ctx: Ctx) -> Outcome:
         tamper.k += 1
         return v, honest_rollouts(ctx, w, max(0, v - ctx.max_lag))
     tamper.k = 0
-    return _repeat_fraud(ctx, "false-version", {"logprob_mismatch", "future_version"}, tamper)
+    return _repeat_fraud(ctx, "false-version", {"logprob_mismatch", "future_version"}, tamper, back=ctx.max_lag)
 
 
 def stale_version(ctx: Ctx) -> Outcome:
