@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Run a trainer: it builds or loads the policy, serves work to nodes over zmq, checks every rollout, "
         "takes GRPO steps and publishes each version. The TOML file's sections are [model], [task], [train], "
         "[server]; see configs/ for examples."))
-    p.add_argument("config", nargs="?", help="the run's TOML config (optional: defaults are the demo's)")
+    p.add_argument("config", nargs="?", help="the run's TOML config (optional: the defaults; configs/demo.toml "
+                   "spells them out, with the demo's warm-up target)")
     add_run_flags(p)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its newest complete checkpoint")
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="a whole learning run on this machine", description=(
         "Build the default model (offline), start a trainer and two inference nodes as separate processes on "
         "127.0.0.1, show live progress and finish with a summary table. Exit code 0 when the run learned."))
-    p.add_argument("config", nargs="?", help="a TOML config (default: the built-in demo settings)")
+    p.add_argument("config", nargs="?", help="a TOML config (default: configs/demo.toml)")
     add_run_flags(p)
     p.add_argument("--task", metavar="ENV", help="a multi-turn demo: an environment (calculator, guess) run with "
                    "its config, configs/ENV.toml (default: single-turn arithmetic)")

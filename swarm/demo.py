@@ -85,12 +85,14 @@ def _fmt_progress(s: dict, t0: float) -> str:
 
 
 def demo_config(args) -> None:
-    """`--task ENV`: the environment's config (configs/ENV.toml) unless a config is given, and its target."""
-    if args.task:
-        path = Path(__file__).resolve().parent.parent / "configs" / f"{args.task}.toml"
-        if not args.config and not path.exists():
-            raise ValueError(f"no demo config for {args.task!r} ({path}); pass a config and --set task.name=...")
-        args.config = args.config or str(path)
+    """The demo's config unless one is given: configs/demo.toml (its warm-up stops at a target accuracy, so
+    the run starts alike on any machine), or with `--task ENV` the environment's (configs/ENV.toml); and its
+    target gain."""
+    path = Path(__file__).resolve().parent.parent / "configs" / f"{args.task or 'demo'}.toml"
+    if args.task and not args.config and not path.exists():
+        raise ValueError(f"no demo config for {args.task!r} ({path}); pass a config and --set task.name=...")
+    if not args.config and path.exists():
+        args.config = str(path)
     if args.min_gain is None:
         args.min_gain = 0.20 if args.task else 0.30
 

@@ -3,10 +3,16 @@ your own used as it is, or warmed up on the task's format into the run's directo
 
 from __future__ import annotations
 
+import pytest
 from safetensors.torch import load_file
 
+from rewards.registry import make_task
 from trainer.config import load_config
-from trainer.model_prep import prepare_base_model
+from trainer.model_prep import CHECK_ITEMS, check_items, prepare_base_model
+from trainer.policy import load_model, load_tokenizer
+from trainer.sft import sft_warmup
+
+TWO_TERMS = ["task.name=arithmetic", "task.params={digits = 1, terms = 2, ops = \"+\"}"]
 
 
 def weights(path):
@@ -45,3 +51,32 @@ def test_a_model_of_your_own_is_used_as_it_is_or_warmed_up_into_the_run(tmp_path
     assert prepare_base_model(warm_cfg, progress=False) == warm
     assert {f.name: f.stat().st_mtime_ns for f in warm.iterdir()} == mtimes
     assert (warm / "recipe.sha256").stat().st_mtime_ns == stamp
+
+
+def test_the_warm_up_stops_at_the_first_check_that_reaches_its_target(tmp_path):
+    """model.sft_until: checked every `check_every` steps, the warm-up stops at the first check at or above
+    the target (here the third), and runs its whole length where none is."""
+    cfg = load_config(None, [f"run_dir={tmp_path}", "model.sft_steps=0", *TWO_TERMS])
+    path = prepare_base_model(cfg, progress=False)
+    task = make_task(cfg.task.name, **cfg.task.params)
+    seen = iter([0.1, 0.39, 0.4, 0.9])
+    model, tok = load_model(path), load_tokenizer(path)
+    assert sft_warmup(model, tok, task, 20, batch_size=4, progress=False, check=lambda m: next(seen), until=0.4,
+                      check_every=2) == 6
+    assert next(seen) == 0.9  # no check after the one that reached it
+    assert sft_warmup(model, tok, task, 4, batch_size=4, progress=False, check=lambda m: 0.0, until=0.4,
+                      check_every=2) == 4
+
+
+def test_the_warm_up_check_reads_training_items_only():
+    """Where to stop is never chosen by the held-out items the run is judged on."""
+    task = make_task("arithmetic", digits=1, terms=3, ops="+", eval_share=0.15)
+    held_out = {it.prompt for it in task.eval_items(200)}  # more than the ~150 held out: all of them
+    items = check_items(task)
+    assert len(items) == CHECK_ITEMS
+    assert not {it.prompt for it in items} & held_out
+
+
+def test_the_warm_up_target_is_an_accuracy():
+    with pytest.raises(ValueError, match="sft_until"):
+        load_config(None, ["model.sft_until=1.5"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from swarm_common.hf_config import hoist_rope_theta
 from trainer.config import RunConfig
 
 log = logging.getLogger(__name__)
+CHECK_ITEMS = 240  # the warm-up's check (model.sft_until): a standard error of about 0.03 near 0.4
+CHECK_SEED = 987_654  # its items' draw from the training split
 
 
 def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
@@ -23,6 +26,7 @@ def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
     with the same settings starts at once and a changed setting rebuilds it. A model of your own
     (`model.path`) is used as it is, or, when `model.sft_steps` is set, warmed up on the task's format into
     RUN/base-model the same way (a multi-turn environment's tool calls are a format the model must know).
+    With `model.sft_until`, the warm-up stops once its check on training items reaches that accuracy.
     """
     steps = cfg.model.sft_steps
     if cfg.model.path:
@@ -56,12 +60,33 @@ def prepare_base_model(cfg: RunConfig, progress: bool = True) -> Path:
         src = out if path is None else path
         model, tok = load_model(src), load_tokenizer(src)
         task = make_task(cfg.task.name, **cfg.task.params)
+        check = _training_accuracy(cfg, task, tok) if cfg.model.sft_until > 0 else None
         sft_warmup(model, tok, task, steps, batch_size=cfg.model.sft_batch, lr=cfg.model.sft_lr,
                    seed=cfg.model.seed + 1, out_dir=out, progress=progress,
-                   max_episode_tokens=cfg.task.max_episode_tokens)
+                   max_episode_tokens=cfg.task.max_episode_tokens, check=check, until=cfg.model.sft_until)
         hoist_rope_theta(out)  # sft_warmup saved it anew, with rope_theta nested
     stamp_file.write_text(stamp + "\n")
     return out
+
+
+def _training_accuracy(cfg: RunConfig, task, tok):
+    """The warm-up's check: greedy accuracy on CHECK_ITEMS items of the training split (drawn apart from the
+    warm-up's own batches), as the run's evaluation scores them. Never the held-out items: choosing where
+    to stop by them would be choosing by the test."""
+    from rewards.environment import Environment
+    from trainer.episode_eval import evaluate_episodes
+    from trainer.learner import evaluate
+
+    items = check_items(task)
+    if isinstance(task, Environment):
+        return lambda model: evaluate_episodes(model, tok, task, items, cfg.train.max_tokens,
+                                               cfg.task.max_episode_tokens)["accuracy"]
+    return lambda model: evaluate(model, tok, task, items, cfg.train.max_tokens)["accuracy"]
+
+
+def check_items(task) -> list:
+    """The warm-up check's items: CHECK_ITEMS of the training split, in a draw of their own."""
+    return list(itertools.islice(task.train_items(seed=CHECK_SEED), CHECK_ITEMS))
 
 
 def _fingerprint(path: Path) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,9 +33,14 @@ def sft_warmup(
     out_dir: str | Path | None = None,
     progress: bool = True,
     max_episode_tokens: int = 192,
-) -> None:
+    check: Callable[[object], float] | None = None,
+    until: float = 0.0,
+    check_every: int = 10,
+) -> int:
     """`steps` of supervised learning on the task's answers, or, for an environment, on its worked
-    episodes (`Environment.demonstration`: its tool-call format and the turns' shape)."""
+    episodes (`Environment.demonstration`: its tool-call format and the turns' shape). With `check` (the
+    model -> an accuracy) and `until`, it stops at the first check, every `check_every` steps, that reaches
+    `until`. Returns the steps taken."""
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
@@ -43,7 +49,8 @@ def sft_warmup(
     model.train()
     bar = tqdm(range(steps), desc="sft warm-up", disable=not progress, unit="step")
     env = task if isinstance(task, Environment) else None
-    for _ in bar:
+    taken, reached = steps, None
+    for step in bar:
         batch_items = list(itertools.islice(items, batch_size))
         prompts = [prompt_ids(task, tokenizer, it) for it in batch_items]
         if env is None:  # the answer, then the stop token
@@ -63,7 +70,20 @@ def sft_warmup(
         opt.step()
         sched.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
+        if check is not None and until > 0 and (step + 1) % check_every == 0:
+            acc = check(model)
+            model.train()
+            if acc >= until:
+                taken, reached = step + 1, acc
+                break
+    bar.close()
     model.eval()
+    if check is not None and until > 0:
+        if reached is None:
+            log.warning("the warm-up did not reach %.2f in %d steps; RL starts from where it is", until, steps)
+        else:
+            log.info("the warm-up reached %.3f (target %.2f) after %d steps", reached, until, taken)
     if out_dir is not None:
         model.save_pretrained(out_dir, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)
+    return taken
