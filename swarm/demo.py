@@ -97,6 +97,17 @@ def demo_config(args) -> None:
         args.min_gain = 0.20 if args.task else 0.30
 
 
+def start_afresh(run_dir: Path, node_dirs: list[Path]) -> None:
+    """A demo is a fresh run each time: only the (cached) base model and the keys are kept."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in ("versions", "checkpoints", "broadcast"):
+        shutil.rmtree(run_dir / old, ignore_errors=True)
+    for old in ("summary.json", "accepted.jsonl", "batches.jsonl", "dropped.jsonl", "bans.json"):
+        (run_dir / old).unlink(missing_ok=True)
+    for d in node_dirs:  # the nodes' versions of an earlier demo (its numbers are below this one's: trainer.py)
+        shutil.rmtree(d / "tree", ignore_errors=True)
+
+
 def run_demo(args) -> int:
     demo_config(args)
     # The ports are picked below (free ones when the defaults are taken), not passed through as overrides.
@@ -121,14 +132,7 @@ def run_demo(args) -> int:
     web_host = "127.0.0.1" if cfg.server.web_host in ("", "0.0.0.0") else cfg.server.web_host
     web_url = f"http://{web_host}:{cfg.server.web_port}/" if cfg.server.web_port > 0 else None
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # A demo is a fresh run each time; only the (cached) base model is kept.
-    for old in ("versions", "checkpoints", "broadcast"):
-        shutil.rmtree(run_dir / old, ignore_errors=True)
-    for old in ("summary.json", "accepted.jsonl", "batches.jsonl", "dropped.jsonl", "bans.json"):
-        (run_dir / old).unlink(missing_ok=True)
-    for d in node_dirs:  # the nodes' versions of an earlier demo (its numbers are below this one's: trainer.py)
-        shutil.rmtree(d / "tree", ignore_errors=True)
+    start_afresh(run_dir, node_dirs)
     cfg_path = run_dir / "demo.toml"
     cfg_path.write_text(dump_config(cfg))
 

@@ -2,16 +2,18 @@
 
 Each episode runs by the same rules as a node's (rewards/token_episode.py): the trainer's model writes a
 turn greedily, the environment answers, until the episode ends. Accuracy is the environment's correct
-metric; the figures also give the mean reward, turns and tool calls per episode.
+metric; the figures also give the mean reward, turns and tool calls per episode. `evaluate_task` picks
+this or a single answer's evaluation (learner.evaluate) by the task's kind.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rewards.base import TaskItem
+from rewards.base import Task, TaskItem
 from rewards.environment import Environment
 from rewards.token_episode import TokenEpisode, prompt_ids
+from trainer.learner import evaluate
 
 
 @torch.no_grad()
@@ -57,3 +59,11 @@ def evaluate_episodes(model, tokenizer, env: Environment, items: list[TaskItem],
             totals["tool_calls"] += te.episode.tool_calls
     n = max(len(items), 1)
     return {k: v / n for k, v in totals.items()}
+
+
+def evaluate_task(model, tokenizer, task: Task, items: list[TaskItem], max_tokens: int,
+                  max_episode_tokens: int) -> dict[str, float]:
+    """Greedy accuracy and mean reward on `items`: whole episodes for an environment, one answer otherwise."""
+    if isinstance(task, Environment):
+        return evaluate_episodes(model, tokenizer, task, items, max_tokens, max_episode_tokens)
+    return evaluate(model, tokenizer, task, items, max_tokens)

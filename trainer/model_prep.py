@@ -73,15 +73,11 @@ def _training_accuracy(cfg: RunConfig, task, tok):
     """The warm-up's check: greedy accuracy on CHECK_ITEMS items of the training split (drawn apart from the
     warm-up's own batches), as the run's evaluation scores them. Never the held-out items: choosing where
     to stop by them would be choosing by the test."""
-    from rewards.environment import Environment
-    from trainer.episode_eval import evaluate_episodes
-    from trainer.learner import evaluate
+    from trainer.episode_eval import evaluate_task
 
     items = check_items(task)
-    if isinstance(task, Environment):
-        return lambda model: evaluate_episodes(model, tok, task, items, cfg.train.max_tokens,
-                                               cfg.task.max_episode_tokens)["accuracy"]
-    return lambda model: evaluate(model, tok, task, items, cfg.train.max_tokens)["accuracy"]
+    return lambda model: evaluate_task(model, tok, task, items, cfg.train.max_tokens,
+                                       cfg.task.max_episode_tokens)["accuracy"]
 
 
 def check_items(task) -> list:

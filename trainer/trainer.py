@@ -33,11 +33,11 @@ from trainer.checkpoint import TrainerState, latest_checkpoint
 from trainer.config import RunConfig, dump_config
 from trainer.dist_learner import follow_main, open_driver, start_learner
 from trainer.distributed import DistEnv, in_torchrun, init_distributed, shutdown
-from trainer.episode_eval import evaluate_episodes
+from trainer.episode_eval import evaluate_task
 from trainer.guard import Guard
 from trainer.http_api import make_app, serve
 from trainer.intake import Group
-from trainer.learner import evaluate, make_learner
+from trainer.learner import make_learner
 from trainer.ledger import Ledger
 from trainer.model_prep import prepare_base_model
 from trainer.newcomers import warn_about_strangers
@@ -244,12 +244,8 @@ class Trainer:
     async def evaluate(self, step: int) -> None:
         if self.dist:  # the plain copy gets the sharded learner's current weights
             self.model.load_state_dict(await asyncio.to_thread(self.learner.full_state, None))
-        if isinstance(self.task, Environment):  # greedy episodes
-            ev = await asyncio.to_thread(evaluate_episodes, self.model, self.tok, self.task, self.eval_items,
-                                         self.cfg.train.max_tokens, self.cfg.task.max_episode_tokens)
-        else:
-            ev = await asyncio.to_thread(evaluate, self.model, self.tok, self.task, self.eval_items,
-                                         self.cfg.train.max_tokens)
+        ev = await asyncio.to_thread(evaluate_task, self.model, self.tok, self.task, self.eval_items,
+                                     self.cfg.train.max_tokens, self.cfg.task.max_episode_tokens)
         self.stats.record_eval(EvalRow(step, round(self.stats.elapsed(), 2), ev["accuracy"], ev["reward_mean"]))
         log.info("eval step %d: held-out greedy accuracy %.3f (mean reward %.3f)", step, ev["accuracy"],
                  ev["reward_mean"])

@@ -7,8 +7,7 @@ other weights) still held by both nodes, which loaded it and failed their audits
 
 from __future__ import annotations
 
-import shutil
-
+from swarm.demo import start_afresh
 from tests.conftest import free_port
 from trainer.publisher import LAST_SIGNED
 
@@ -26,10 +25,8 @@ def test_a_run_started_afresh_numbers_above_every_version_its_key_signed(tmp_pat
     first = sorted(p.name for p in (run_dir / "versions").iterdir())
     assert first == ["v000000"] and (run_dir / LAST_SIGNED).read_text().strip() == "0"
 
-    for old in ("versions", "checkpoints", "broadcast"):  # what `swarm demo` removes before each demo
-        shutil.rmtree(run_dir / old)
-    for old in ("summary.json", "accepted.jsonl", "batches.jsonl", "dropped.jsonl"):
-        (run_dir / old).unlink(missing_ok=True)
+    start_afresh(run_dir, [])  # what `swarm demo` does before each demo
+    assert not (run_dir / "versions").exists()
     _run(procs, run_dir, "second")
     assert sorted(p.name for p in (run_dir / "versions").iterdir()) == ["v000001"]
     assert (run_dir / LAST_SIGNED).read_text().strip() == "1"
