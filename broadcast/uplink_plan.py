@@ -6,6 +6,17 @@ trees: in the 1000-peer simulation a 13.5 MB version took 25-215 s against a bou
 the probes, 4.9-6.3 s (docs/tree-simulation.md, item 7). A relay with standing (placement counts no fresh
 key's numbers) that nothing has measured yet is timed after a heartbeat, while its uplink is idle; the
 figure stands in for its uplink until children measure it (upload_meter.UploadMeter).
+
+The probes in flight share the origin's downlink, so a fast relay shows the origin's share, not its own
+uplink: in the simulation, 16 at once over a 1 Gbit/s downlink timed relays of 150-1000 Mbit/s at a median
+51-60 Mbit/s, the fast relays looked like office ones, the layout's per-child rate fell, 7 Mbit/s home relays
+were given children, and a new swarm's first version with every relay probed took 5.0x its bound (1.6x with
+exact figures). So once no relay waits for a first probe, those whose figure times the probes that ran beside
+it came near what the origin takes in (PRECISE_SHARE of it: the figures held to a share) are timed once more,
+PRECISE_IN_FLIGHT at a time, and that figure replaces the first. And a probe reads for PROBE_MAX_S at most,
+so slow relays hold the probes' places less long (docs/tree-simulation.md has the figures). A probe's time
+includes a round trip, as children's timings of pieces do: taken off, the first version came closer to its
+bound but the figures outranked children's and later versions were slower.
 """
 
 from __future__ import annotations
@@ -15,19 +26,22 @@ import collections
 from .tracker import PeerRec, Tracker
 
 PROBE_BYTES = 1 << 20
+PROBE_MAX_S = 0.5  # or until then: a 5 Mbit/s relay's 1 MiB held one of the probes' places 1.7 s
 MAX_IN_FLIGHT = 16  # probes at once; they share the origin's downlink: at 1 Gbit/s, ~60 Mbit/s each
 RETRY_S = 60.0  # a probe that failed (busy, timed out, refused) is tried again this much later
 TIMEOUT_S = 30.0
+PRECISE_SHARE = 0.7  # of the origin's intake: a first figure this near it is timed again, alone
+PRECISE_IN_FLIGHT = 1  # 2 at once: 1.95x against 1.78x (seed 1, every relay probed)
 
 
-def wants_probe(tracker: Tracker, rec: PeerRec) -> bool:
-    """A relay whose uplink placement would use, that nothing has measured yet, and whose uplink is idle:
-    no version is in flight, or it has no children now (a leaf uploads nothing). A probe of a relay that is
-    serving measures its children's share and takes time from them: in the simulation, probes during a
-    version measured such relays at a fifth of their uplink and slowed the version."""
+def wants_probe(tracker: Tracker, rec: PeerRec, again: bool = False) -> bool:
+    """A relay whose uplink placement would use, that nothing has measured yet (`again`: that only a first
+    probe has), and whose uplink is idle: no version is in flight, or it has no children now (a leaf uploads
+    nothing). A probe of a relay that is serving measures its children's share and takes time from them: in
+    the simulation, probes during a version measured such relays at a fifth of their uplink and slowed it."""
     if (rec.reachable is not True or not rec.interior_capable or not tracker.has_standing(rec)  # capable: has a url
             or tracker.tier(rec) != 2  # while members vouch, a key holding the one-piece proof alone is on trial
-            or rec.url in tracker.uploads.estimate or rec.url in tracker.uploads.probed):
+            or rec.url in tracker.uploads.estimate or (rec.url in tracker.uploads.probed) != again):
         return False
     if not tracker.in_flight():
         return True
@@ -43,6 +57,10 @@ class UplinkPlan:
         self.running = 0
         self.retry: dict[str, float] = {}  # key -> when a failed probe may be tried again
         self.counts = {"probed": 0, "failed": 0, "preempted": 0}
+        self.again: dict[str, PeerRec] = {}  # key -> a relay whose second probe is running
+        self.first: dict[str, tuple[float, int]] = {}  # url -> a first figure and the probes running with it
+        self.timed_again: set[str] = set()  # urls given their second probe
+        self.beside: dict[str, int] = {}  # running key -> the most probes running at once while it ran
 
     def after_heartbeat(self, rec: PeerRec) -> list[PeerRec]:
         """-> the relays to start probing now."""
@@ -55,24 +73,59 @@ class UplinkPlan:
 
     def _next(self) -> list[PeerRec]:
         out = []
-        while self.running < MAX_IN_FLIGHT and self.queue:
+        while self.running < MAX_IN_FLIGHT and self.queue and not self.again:
             rec = self.queue.popleft()
             # Checked again: it left, or serves a version that went out meanwhile (asked after a later heartbeat).
             if self.tracker.peers.get(rec.peer_id) is rec and wants_probe(self.tracker, rec):
-                self.running += 1
+                self._started(rec)
                 out.append(rec)
             else:
                 self.pending.discard(rec.key)
+        if not self.queue and self.running == len(self.again):  # no first probe waits or runs: the second ones
+            out += self._again(PRECISE_IN_FLIGHT - self.running)
         return out
+
+    def _again(self, room: int) -> list[PeerRec]:
+        """Relays to time a second time, at most PRECISE_IN_FLIGHT probes running: those whose first figure,
+        times the probes that ran beside it, came near what the origin takes in (the figures held to a share
+        of its downlink), highest first."""
+        if room <= 0 or not self.first:
+            return []
+        intake = sorted(f * k for f, k in self.first.values())
+        floor = PRECISE_SHARE * intake[int(0.9 * (len(intake) - 1))]  # the origin's intake, robust to a few
+        by_url = {rec.url: rec for rec in self.tracker.peers.values() if rec.url}
+        due = sorted((u for u, (f, k) in self.first.items() if f * k >= floor and u in by_url
+                      and u not in self.timed_again), key=lambda u: -self.first[u][0])
+        out = []
+        for url in due:
+            rec = by_url[url]
+            if rec.key in self.pending or not wants_probe(self.tracker, rec, True):
+                continue
+            self.timed_again.add(url)
+            self.pending.add(rec.key)
+            self.again[rec.key] = rec
+            self._started(rec)
+            out.append(rec)
+            if len(out) == room:
+                break
+        return out
+
+    def _started(self, rec: PeerRec) -> None:
+        self.running += 1
+        self.beside[rec.key] = 0
+        for k in self.beside:  # the running ones: each keeps the most that ran at once beside it
+            self.beside[k] = max(self.beside[k], self.running)
 
     def preempted(self, rec: PeerRec) -> bool:
         """A version went out during the probe and gives the relay children: its uplink is theirs now."""
-        return not wants_probe(self.tracker, rec)
+        return not wants_probe(self.tracker, rec, rec.key in self.again)
 
     def done(self, rec: PeerRec, url: str, outcome: str, rate: float = 0.0) -> list[PeerRec]:
         """A probe ended: 'probed' (at `rate` bytes/s), 'failed' or 'preempted'. -> the relays to start now."""
         self.running -= 1
         self.pending.discard(rec.key)
+        first = self.again.pop(rec.key, None) is None
+        beside = self.beside.pop(rec.key, 1)
         self.counts[outcome] += 1
         if outcome == "failed":
             now = self.tracker.clock.monotonic()
@@ -81,4 +134,9 @@ class UplinkPlan:
                 self.retry = {k: t for k, t in self.retry.items() if t > now}
         elif outcome == "probed" and self.tracker.peers.get(rec.peer_id) is rec and rec.url == url:
             self.tracker.probed(rec, rate)
+            if first:
+                self.first[url] = (rate, beside)
+                if len(self.first) > 4 * self.tracker.max_peers:
+                    self.first = {u: v for u, v in self.first.items() if u in self.tracker.uploads.probed}
+                    self.timed_again &= self.first.keys()
         return self._next()

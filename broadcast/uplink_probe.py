@@ -6,15 +6,17 @@ probes, 4.9-6.3 s (docs/tree-simulation.md, item 7).
 
 A relay with standing (placement counts no fresh key's numbers) that no child has measured yet is asked,
 after a heartbeat, for PROBE_BYTES of filler at GET /probe; the origin times it from sending the request to
-the last byte. One stream, so at most the relay's uplink: a lower bound (the connection's and the request's
-round trips, TCP's slow start at long round trips, and the origin's downlink shared by the probes in
-flight all lower it), replaced by the children's figure once the relay carries a version
+the last byte (or reads for PROBE_MAX_S, then closes). One stream, so at most the relay's uplink: a lower
+bound (the connection's and the request's round trips, TCP's slow start at long round trips, and the
+origin's downlink shared by the probes in flight all lower it; uplink_plan.py times again the figures held
+to a share), replaced by the children's figure once the relay carries a version
 (upload_meter.UploadMeter). Only the tracker may ask: the request carries an HMAC of the peer's join token,
 which only the tracker and the peer know, so strangers cannot spend a relay's uplink on probes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
-from .uplink_plan import PROBE_BYTES, RETRY_S, TIMEOUT_S, UplinkPlan
+from .uplink_plan import PROBE_BYTES, PROBE_MAX_S, RETRY_S, TIMEOUT_S, UplinkPlan
 
 if TYPE_CHECKING:
     from .ratelimit import RateLimiter
@@ -36,10 +38,15 @@ PROBE_PATH = "/probe"
 HEADER = "X-Probe-Auth"
 UPLINKS_FILE = "uplinks.json"  # in the origin's directory: the figures kept across its restarts
 _FILLER = bytes(64 << 10)
+BUSY_RETRY_S = 0.25
 
 
 def probe_auth(token: str) -> str:
     return hmac.new(token.encode(), b"rollout-swarm/uplink-probe/v1", hashlib.sha256).hexdigest()
+
+
+class Busy(ValueError):
+    """The relay answers another probe (the one the origin stopped reading a moment ago)."""
 
 
 class Preempted(Exception):
@@ -68,8 +75,11 @@ class ProbeServer:
             for k in range(0, PROBE_BYTES, step):
                 n = min(step, PROBE_BYTES - k)
                 await self.limiter.acquire(n)
+                if request.transport is None or request.transport.is_closing():
+                    break  # the origin stopped reading (PROBE_MAX_S): the uplink is free again at once
                 await resp.write(_FILLER[:n])
-            await resp.write_eof()
+            else:
+                await resp.write_eof()
         except ConnectionError:  # the origin gave the probe up (a version went out): nothing to report
             pass
         finally:
@@ -98,7 +108,11 @@ class UplinkProber:
     async def _probe(self, rec: PeerRec) -> None:
         url, token, rate, outcome = rec.url or "", rec.token, 0.0, "failed"
         try:
-            rate = await self.time_download(f"{url}{PROBE_PATH}", probe_auth(token), rec)
+            try:
+                rate = await self.time_download(f"{url}{PROBE_PATH}", probe_auth(token), rec)
+            except Busy:  # the probe just stopped may still be winding down there
+                await asyncio.sleep(BUSY_RETRY_S)
+                rate = await self.time_download(f"{url}{PROBE_PATH}", probe_auth(token), rec)
             outcome = "probed"
             log.debug("uplink probe of %s: %.1f Mbit/s", url, rate * 8 / 1e6)
         except Preempted:
@@ -109,13 +123,15 @@ class UplinkProber:
             self._start(self.plan.done(rec, url, outcome, rate))
 
     async def time_download(self, url: str, auth: str, rec: PeerRec | None = None) -> float:
-        """Bytes/s from sending the request to the body's last byte: a lower bound whatever else this
-        process is doing (timing only part of the body read 1.26x a link's rate on a loaded machine, the
-        bytes that waited in the socket while the event loop was busy counted as quick). `rec`: given up
-        (Preempted) if a version goes out meanwhile and gives that relay children."""
+        """Bytes/s from sending the request to the body's last byte, or to PROBE_MAX_S: a lower bound whatever
+        else this process is doing (timing only part of the body read 1.26x a link's rate on a loaded
+        machine, the bytes that waited in the socket while the event loop was busy counted as quick).
+        `rec`: given up (Preempted) if a version goes out meanwhile and gives that relay children."""
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S, sock_connect=5.0, sock_read=10.0)
         latest, t0, got = self.tracker.latest, time.monotonic(), 0
         async with self.session.get(url, headers={HEADER: auth}, timeout=timeout) as r:
+            if r.status == 429:
+                raise Busy
             if r.status != 200:
                 raise ValueError(f"HTTP {r.status}: {(await r.content.read(200)).decode(errors='replace')}")
             async for chunk in r.content.iter_any():
@@ -126,7 +142,9 @@ class UplinkProber:
                 got += len(chunk)
                 if got > PROBE_BYTES:
                     raise ValueError("more bytes than a probe has")
+                if time.monotonic() - t0 >= PROBE_MAX_S:  # enough to tell: the relay sees the connection close
+                    break
             elapsed = time.monotonic() - t0
-        if got < PROBE_BYTES:
+        if got < PROBE_BYTES and elapsed < PROBE_MAX_S:
             raise ValueError(f"the body ended after {got} of {PROBE_BYTES} bytes")
         return got / max(elapsed, 1e-3)

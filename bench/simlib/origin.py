@@ -18,7 +18,7 @@ from broadcast.config import OriginConfig
 from broadcast.messages import ORIGIN, Join, PeerHeartbeat, Report, TreeSources
 from broadcast.tracker import PeerRec, Tracker, TrackerError
 from broadcast.turns import TurnQueue
-from broadcast.uplink_plan import PROBE_BYTES, UplinkPlan
+from broadcast.uplink_plan import PROBE_BYTES, PROBE_MAX_S, UplinkPlan
 from broadcast.uplink_share import LOW_SHARE
 from broadcast.verdicts import (
     REFUSED,
@@ -171,13 +171,23 @@ class SimOrigin:
         x = self.sw.net.start(peer.host, self.host, PROBE_BYTES, lambda x, ok: self._probe_end(rec, peer, asked, ok))
         if x.live:
             self.probing[peer.url] = (rec, x)
+            # The prober stops reading at PROBE_MAX_S after asking: what has arrived by then is the figure.
+            self.sw.sim.at(asked + PROBE_MAX_S - peer.host.lat - self.host.lat, self._probe_cut, rec, peer, asked, x)
 
-    def _probe_end(self, rec: PeerRec, peer, asked: float, ok: bool) -> None:
+    def _probe_cut(self, rec: PeerRec, peer, asked: float, x) -> None:
+        if x.live:
+            got = x.done + x.rate * (self.sw.sim.now - x.t)
+            x.on_end = lambda x, ok: self._probe_end(rec, peer, asked, ok, got)
+            self.sw.net.cancel(x)
+
+    def _probe_end(self, rec: PeerRec, peer, asked: float, ok: bool, cut: float | None = None) -> None:
         assert self.plan
         self.probing.pop(peer.url, None)
+        ok = ok or (cut is not None and peer.host.alive)
         if ok:  # timed as the real prober times it: from sending the request to the last byte's arrival
             arrived = self.sw.sim.now + peer.host.lat + self.host.lat
-            more = self.plan.done(rec, peer.url, "probed", PROBE_BYTES / max(arrived - asked, 1e-3))
+            got = PROBE_BYTES if cut is None else cut
+            more = self.plan.done(rec, peer.url, "probed", got / max(arrived - asked, 1e-3))
         else:
             more = self.plan.done(rec, peer.url, "preempted" if peer.host.alive else "failed")
         self._start_probes(more)
