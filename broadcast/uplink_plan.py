@@ -31,7 +31,7 @@ MAX_IN_FLIGHT = 16  # probes at once; they share the origin's downlink: at 1 Gbi
 RETRY_S = 60.0  # a probe that failed (busy, timed out, refused) is tried again this much later
 TIMEOUT_S = 30.0
 PRECISE_SHARE = 0.7  # of the origin's intake: a first figure this near it is timed again, alone
-PRECISE_IN_FLIGHT = 1  # 2 at once: 1.95x against 1.78x (seed 1, every relay probed)
+PRECISE_IN_FLIGHT = 1  # alone: a figure is then held to no less than the origin's whole downlink
 
 
 def wants_probe(tracker: Tracker, rec: PeerRec, again: bool = False) -> bool:
@@ -137,6 +137,7 @@ class UplinkPlan:
             if first:
                 self.first[url] = (rate, beside)
                 if len(self.first) > 4 * self.tracker.max_peers:
-                    self.first = {u: v for u, v in self.first.items() if u in self.tracker.uploads.probed}
+                    members = {r.url for r in self.tracker.peers.values()}
+                    self.first = {u: v for u, v in self.first.items() if u in members}
                     self.timed_again &= self.first.keys()
         return self._next()
