@@ -1,5 +1,5 @@
 """The origin's plan of uplink probes (broadcast/uplink_plan.py), driven as the prober and the simulator drive
-it: figures held to a share of the origin's downlink are timed again, a few at a time."""
+it: figures held to a share of the origin's downlink are timed again, one at a time."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _swarm(uplinks: list[float]) -> tuple[Tracker, dict[str, float]]:
     return tr, up
 
 
-def test_figures_held_to_a_share_of_the_origins_downlink_are_timed_again_a_few_at_a_time():
+def test_figures_held_to_a_share_of_the_origins_downlink_are_timed_again_alone():
     fast = [500 * Mbit] * 12
     slow = [10 * Mbit] * 48
     tr, up = _swarm(slow[:24] + fast + slow[24:])
