@@ -57,7 +57,7 @@ class UplinkPlan:
         self.running = 0
         self.retry: dict[str, float] = {}  # key -> when a failed probe may be tried again
         self.counts = {"probed": 0, "failed": 0, "preempted": 0}
-        self.again: dict[str, PeerRec] = {}  # key -> a relay whose second probe is running
+        self.again: set[str] = set()  # keys whose second probe is running
         self.first: dict[str, tuple[float, int]] = {}  # url -> a first figure and the probes running with it
         self.timed_again: set[str] = set()  # urls given their second probe
         self.beside: dict[str, int] = {}  # running key -> the most probes running at once while it ran
@@ -93,17 +93,16 @@ class UplinkPlan:
             return []
         intake = sorted(f * k for f, k in self.first.values())
         floor = PRECISE_SHARE * intake[int(0.9 * (len(intake) - 1))]  # the origin's intake, robust to a few
-        by_url = {rec.url: rec for rec in self.tracker.peers.values() if rec.url}
-        due = sorted((u for u, (f, k) in self.first.items() if f * k >= floor and u in by_url
-                      and u not in self.timed_again), key=lambda u: -self.first[u][0])
+        due = sorted((u for u, (f, k) in self.first.items() if f * k >= floor and u not in self.timed_again),
+                     key=lambda u: -self.first[u][0])
         out = []
         for url in due:
-            rec = by_url[url]
-            if rec.key in self.pending or not wants_probe(self.tracker, rec, True):
+            rec = self.tracker.by_url(url)
+            if rec is None or rec.key in self.pending or not wants_probe(self.tracker, rec, True):
                 continue
             self.timed_again.add(url)
             self.pending.add(rec.key)
-            self.again[rec.key] = rec
+            self.again.add(rec.key)
             self._started(rec)
             out.append(rec)
             if len(out) == room:
@@ -124,7 +123,8 @@ class UplinkPlan:
         """A probe ended: 'probed' (at `rate` bytes/s), 'failed' or 'preempted'. -> the relays to start now."""
         self.running -= 1
         self.pending.discard(rec.key)
-        first = self.again.pop(rec.key, None) is None
+        first = rec.key not in self.again
+        self.again.discard(rec.key)
         beside = self.beside.pop(rec.key, 1)
         self.counts[outcome] += 1
         if outcome == "failed":
@@ -137,7 +137,6 @@ class UplinkPlan:
             if first:
                 self.first[url] = (rate, beside)
                 if len(self.first) > 4 * self.tracker.max_peers:
-                    members = {r.url for r in self.tracker.peers.values()}
-                    self.first = {u: v for u, v in self.first.items() if u in members}
+                    self.first = {u: v for u, v in self.first.items() if self.tracker.by_url(u) is not None}
                     self.timed_again &= self.first.keys()
         return self._next()
