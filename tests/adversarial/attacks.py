@@ -126,11 +126,19 @@ def _repeat_fraud(ctx: Ctx, name: str, expected: set[str], tamper: Callable[[Evi
     out = Outcome()
     ev = _fresh(ctx, name, out)
     work = None
+    redone = False
     try:
-        for _ in range(ctx.strikes_to_ban):
+        while out.attempts < ctx.strikes_to_ban:
             work = _work(ctx, ev, prompts, back) if work is None or answers_work else work
             version, rollouts = tamper(ev, work)
-            out.saw(_code(ev.submit(version, rollouts)), expected)
+            code = _code(ev.submit(version, rollouts))
+            if code == "stale" and "stale" not in expected and not redone:
+                # The trainer stepped past the lag window while this machine loaded and sampled (CI, busy):
+                # a stale refusal is no strike and tests nothing, so the attempt is made once more. Only
+                # once: every stale refusal is an expiry, and the second in a row pauses the key.
+                redone, work = True, None
+                continue
+            out.saw(code, expected)
         ev.send(P.WorkRequest(node_id=ev.node_id, version_loaded=ev.version, max_prompts=1))
         out.banned = _code(ev.recv()) == "banned"
     finally:
