@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .trials import TRIAL_CHILDREN
@@ -25,6 +26,8 @@ from .upload_meter import MAX_RATE
 log = logging.getLogger("broadcast.placement")
 HEADROOM = 0.1  # places for peers arriving, or moved, while a version is in flight
 FLOOR_RATE = 1e3  # bytes/s: the lowest per-child rate a layout is made for
+NEWCOMER_QUANTILE = 0.25  # a relay not measured yet is given the places this quantile of the figures can carry ...
+NEWCOMER_MIN_MEASURED = 8  # ... once this many relays are measured (before, `fanout` places)
 
 
 @dataclass
@@ -39,15 +42,19 @@ class Candidate:
     low: bool = False  # not first in line (uplink_line.py): sent to from what the others leave
 
 
+def _quantile(xs: list[float], q: float) -> float:
+    return sorted(xs)[int(q * (len(xs) - 1))]
+
+
 def max_children(fanout: int) -> int:
     return 16 * fanout  # bounds how many peers one departure re-parents
 
 
-def _fits(members: list[list[tuple[float, int]]], n: int, origin_per_tree: float | None, fixed: list[int],
-          r: float) -> bool:
-    """Room for all n peers in every tree at r bytes/s per child? `fixed`: places per tree that do not depend
-    on r (relays not measured yet)."""
-    for ups, extra in zip(members, fixed, strict=True):
+def _fits(members: list[list[tuple[float, int]]], n: int, origin_per_tree: float | None,
+          fixed: Callable[[float], list[int]], r: float) -> bool:
+    """Room for all n peers in every tree at r bytes/s per child? `fixed`: places per tree at r of the relays
+    not measured yet."""
+    for ups, extra in zip(members, fixed(r), strict=True):
         slots = max(1, int(origin_per_tree // r)) if origin_per_tree else 1
         slots += extra + sum(min(int(u // r), cap) for u, cap in ups)
         if slots < n:
@@ -56,7 +63,7 @@ def _fits(members: list[list[tuple[float, int]]], n: int, origin_per_tree: float
 
 
 def _rate_target(members: list[list[tuple[float, int]]], n: int, origin_per_tree: float | None,
-                 fixed: list[int]) -> float:
+                 fixed: Callable[[float], list[int]]) -> float:
     """The largest per-child rate r with room for all n peers in every tree (bisection in log space)."""
     lo, hi = FLOOR_RATE, MAX_RATE
     if not _fits(members, n, origin_per_tree, fixed, lo):
@@ -114,9 +121,23 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
     # and every version of N = 100 strangers at 2.3-2.8x, uplinks 41% used (bench/tree_attacks_sim.py).
     n_in_line = sum(1 for c in cands if not c.low)  # (fresh keys, `others`, hang in the room left, as before)
     origin_per_tree = origin_uplink / trees if origin_uplink else None
-    # Relays not measured yet take `fanout` children, whatever r is: their places count (without them,
-    # r fell until the origin alone had room for everyone, a star in which they could never be measured).
-    fixed = [sum(TRIAL_CHILDREN if c.trial else fanout for c in newcomers if c.group == t) for t in range(trees)]
+    # Relays not measured yet have places: without them, r fell until the origin alone had room for
+    # everyone, a star in which they could never be measured. Once a few relays are measured, a newcomer
+    # gets what a relay of their lower quartile could carry at r (at most `fanout`): given `fanout`
+    # whatever r was, the newcomers' places let r rise until every newcomer, 6 Mbit/s home relays among
+    # them, had four children at a per-child rate set by the fast measured ones, and their subtrees waited
+    # (a new swarm's first version in the 1000-peer simulation: 21-27 s, 18-23 s so; docs/tree-simulation.md).
+    prior = _quantile([c.uplink for c in measured], NEWCOMER_QUANTILE) if len(measured) >= NEWCOMER_MIN_MEASURED else None
+
+    def places(r: float) -> int:  # of a newcomer not on trial
+        return fanout if prior is None else min(fanout, int(prior // r))
+
+    on_trial = [sum(TRIAL_CHILDREN for c in newcomers if c.group == t and c.trial) for t in range(trees)]
+    untried = [sum(1 for c in newcomers if c.group == t and not c.trial) for t in range(trees)]
+
+    def fixed(r: float) -> list[int]:
+        return [a + n * places(r) for a, n in zip(on_trial, untried, strict=True)]
+
     # Children each may have: max_children, or less where UploadMeter.limit says so. Limits that leave no
     # room for everyone are raised together (twice each, four times...) until they do: the origin takes what
     # finds no place, and after a first version of strangers in which most relays were measured by two or
@@ -138,7 +159,7 @@ def measured_layout(cands: list[Candidate], trees: int, fanout: int, origin_upli
             group[c.peer_id] = None  # too slow to give even one child the target rate: a leaf everywhere
     for c in newcomers:
         group[c.peer_id] = c.group
-        slots[c.peer_id] = room[c.peer_id] = TRIAL_CHILDREN if c.trial else fanout
+        slots[c.peer_id], room[c.peer_id] = (TRIAL_CHILDREN, TRIAL_CHILDREN) if c.trial else (places(r), places(r_room))
     uplink = {c.peer_id: c.uplink for c in measured}
     low = [c.peer_id for c in cands if c.low]
     everyone = [c.peer_id for c in cands if not c.low] + low  # those first in line take places first

@@ -153,3 +153,23 @@ def test_a_rehomed_subtree_keeps_true_depths_and_newcomers_take_the_truly_shallo
     assert {n: lay.depth[0][n] for n in lay.parents[0]} == {n: true_depth(n) for n in lay.parents[0]}
     lay.add("new", ranked)
     assert lay.parents[0]["new"] == "H"  # depth 6, not under W2 (depth 7; W2 was recorded at 4)
+
+
+def test_a_departed_relays_children_are_not_hung_under_one_another():
+    """Each orphan moved brings its free places a level down: taken by the next orphan, one departure made a
+    chain of its relay children (8 hops in the 1000-peer simulation). Siblings are rehomed beside each other."""
+    from broadcast.layout import Layout
+
+    def ranked(pid):
+        return True
+
+    orphans = ["A", "B", "C", "D"]
+    tree = {None: ["R", "S"], "R": orphans, "S": ["s1"], **{o: [o.lower() + "1"] for o in orphans}}
+    cap = {None: 2, "R": 4, "S": 2, "s1": 0, **{o: 3 for o in orphans}, **{o.lower() + "1": 0 for o in orphans}}
+    parents = {c: p for p, cs in tree.items() for c in cs}
+    lay = Layout([parents], [tree], [cap])
+    lay.remove("R", ranked)
+    assert not any(lay.parents[0][o] in orphans for o in orphans), lay.parents[0]
+    assert {lay.parents[0][o] for o in orphans} <= {None, "S"}
+    assert max(lay.depth[0].values()) == 3  # an orphan's leaf, two levels under S at most (4 and 5 chained)
+    assert sorted(lay.parents[0]) == sorted(p for p in parents if p != "R")
