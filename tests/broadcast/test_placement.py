@@ -241,7 +241,7 @@ def test_relays_not_measured_yet_get_the_places_a_slow_measured_relay_could_carr
         kids = {pid: len(children[t].get(pid, ())) for pid in parents[t]}
         # The rate every child gets: the measured relays' (their uplink over their places) ...
         rate = min(u * Mbit / caps[t][c.peer_id] for c, u in zip(measured, ups, strict=True) if caps[t][c.peer_id])
-        # ... and no newcomer has more children than 20 Mbit/s carries at it (before: four each, 5 Mbit/s)
+        # ... and no newcomer has more children than 20 Mbit/s carries at it (before: four each)
         worst = max((kids[n.peer_id] for n in newcomers if group[n.peer_id] == t), default=0)
         assert worst <= max(0, int(20 * Mbit // rate)) < 4, (t, worst, rate * 8 / 1e6)
     # Too few measured to tell (fewer than eight): newcomers keep `fanout` places, as before.
